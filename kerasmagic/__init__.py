@@ -1,0 +1,61 @@
+"""kerasmagic: memory-safe Keras/TensorFlow model iteration in Jupyter.
+
+``%load_ext kerasmagic`` registers ``%%fresh_model`` and ``%gpu_mem``. The plain-Python API
+(``reset``, ``fresh``, ``take_snapshot``) serves scripts and search loops. Importing this
+package touches neither TensorFlow nor NVML; every part loads on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from kerasmagic._version import __version__
+
+if TYPE_CHECKING:
+    from kerasmagic.cleanup import CleanupReport, fresh, reset
+    from kerasmagic.holders import live_models
+    from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
+
+_LAZY = {
+    "reset": "kerasmagic.cleanup",
+    "fresh": "kerasmagic.cleanup",
+    "CleanupReport": "kerasmagic.cleanup",
+    "take_snapshot": "kerasmagic.snapshot",
+    "MemorySnapshot": "kerasmagic.snapshot",
+    "diff": "kerasmagic.snapshot",
+    "live_models": "kerasmagic.holders",
+}
+
+__all__ = [
+    "CleanupReport",
+    "MemorySnapshot",
+    "__version__",
+    "diff",
+    "fresh",
+    "live_models",
+    "load_ipython_extension",
+    "reset",
+    "take_snapshot",
+    "unload_ipython_extension",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'kerasmagic' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext kerasmagic``: register the magics."""
+    from kerasmagic._extension import load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext kerasmagic``: remove everything ``load_ipython_extension`` added."""
+    from kerasmagic._extension import unload
+
+    unload(ipython)

@@ -1,0 +1,202 @@
+"""``reset()``: drop stale models, reset Keras/TensorFlow state, purge TF's caches, collect.
+
+The same cleanup runs before a ``%%fresh_model`` cell, from the sidebar's "Free memory" button,
+and from plain Python (``kerasmagic.reset()`` / ``with kerasmagic.fresh():``) in search loops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import sys
+import time
+import weakref
+from collections.abc import Iterable, Iterator, MutableMapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from kerasmagic import tfstack
+from kerasmagic.holders import namespace_paths, referrer_kinds
+from kerasmagic.probes import read_ram, read_tf
+from kerasmagic.stale import plan_cleanup
+from kerasmagic.tfpurge import PurgeResult, purge_custom_gradients
+
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CleanupReport:
+    """What one cleanup dropped, what it freed, and which models are still alive and why."""
+
+    dropped: tuple[str, ...]
+    kept: tuple[str, ...]
+    not_freed: tuple[str, ...]
+    freed_bytes: int
+    tf_freed_bytes: int | None
+    purge: PurgeResult | None
+    elapsed_s: float
+    dry_run: bool = False
+    notes: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        """Return the one-line report shown after a ``%%fresh_model`` cell."""
+        if self.dry_run:
+            return f"dry run: would drop {_names(self.dropped)}; would keep {_names(self.kept)}"
+        parts = [f"freed {self.freed_bytes / MB:.1f} MB in {self.elapsed_s:.2f} s"]
+        if self.tf_freed_bytes is not None:
+            parts.append(f"TF GPU {self.tf_freed_bytes / MB:.1f} MB")
+        parts.append(f"dropped {_names(self.dropped)}")
+        if self.purge is not None and self.purge.dropped:
+            parts.append(f"purged {self.purge.dropped} custom gradients")
+        if self.kept:
+            parts.append(f"still alive: {_names(self.kept)}")
+        if self.not_freed:
+            parts.append(f"NOT freed: {_names(self.not_freed)}")
+        return "; ".join(parts + list(self.notes))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-able dict (for the sidebar and logs)."""
+        purge = None if self.purge is None else vars(self.purge)
+        return {**{k: v for k, v in vars(self).items() if k != "purge"}, "purge": purge}
+
+
+def _names(items: tuple[str, ...], limit: int = 6) -> str:
+    if not items:
+        return "nothing"
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def reset_backend() -> list[str]:
+    """Reset Keras's global state (names, graphs, kernel caches) without running gc."""
+    done = []
+    for name in ("keras", "tf_keras"):
+        backend = getattr(sys.modules.get(name), "backend", None)
+        clear = getattr(backend, "clear_session", None)
+        if clear is None:
+            continue
+        try:
+            clear(free_memory=False)
+        except TypeError:  # tf-keras has no free_memory argument
+            clear()
+        done.append(name)
+    if not done and "tensorflow" in sys.modules:
+        sys.modules["tensorflow"].compat.v1.reset_default_graph()
+        done.append("tensorflow")
+    return done
+
+
+def _malloc_trim() -> None:
+    """Hand freed heap pages back to the OS (glibc), so RSS shows what was freed."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):  # musl and others lack malloc_trim
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+
+
+def _tf_bytes() -> int | None:
+    devices = read_tf().devices
+    return sum(d.current_bytes for d in devices) if devices else None
+
+
+def _ipython_shell() -> Any | None:
+    ipython = sys.modules.get("IPython")
+    return None if ipython is None else ipython.get_ipython()
+
+
+def _clear_displayhook(shell: Any, dropped: Iterable[str]) -> None:
+    """IPython's display hook keeps its own ``_``/``__``/``___``: forget those we cleared."""
+    hook = getattr(shell, "displayhook", None)
+    for name in set(dropped) & {"_", "__", "___"}:
+        if hook is not None and hasattr(hook, name):
+            setattr(hook, name, "")
+
+
+def reset(
+    namespace: MutableMapping[str, Any] | None = None,
+    *,
+    rebinding: Iterable[str] = (),
+    keep: Iterable[str] = (),
+    drop_all: bool = False,
+    dry_run: bool = False,
+    patch_stack_traces: bool = True,
+    shell: Any | None = None,
+) -> CleanupReport:
+    """Free stale Keras models and TensorFlow state; return what was done.
+
+    ``namespace`` defaults to IPython's user namespace (or nothing outside IPython). Stale
+    means: models under ``rebinding`` names (or every model with ``drop_all``), and models held
+    only by IPython's output cache, stored tracebacks or callbacks. Names in ``keep`` survive.
+    """
+    start = time.perf_counter()
+    if shell is None and namespace is None:
+        shell = _ipython_shell()
+    ns: MutableMapping[str, Any] = (
+        namespace if namespace is not None else getattr(shell, "user_ns", {})
+    )
+    plan = plan_cleanup(ns, rebinding=rebinding, keep=keep, drop_all=drop_all)
+    dropped = tuple(desc for desc, _ in plan.actions)
+    kept = tuple(path for path, _ in plan.kept.values())
+    if dry_run:
+        return CleanupReport(dropped, kept, (), 0, None, None, time.perf_counter() - start, True)
+    rss_before, tf_before = read_ram().rss_bytes, _tf_bytes()
+    watched = [(path, weakref.ref(model)) for path, model in plan.stale.values()]
+    for _, act in plan.actions:
+        act()
+    if shell is not None:
+        _clear_displayhook(shell, dropped)
+    del plan
+    notes = _reset_tensorflow(patch_stack_traces)
+    purge = purge_custom_gradients() if "tensorflow" in sys.modules else None
+    if purge is None:
+        gc.collect()
+    elif purge.message:
+        notes.append(purge.message)
+    _malloc_trim()
+    not_freed = _survivors(watched, ns)
+    tf_after = _tf_bytes()
+    return CleanupReport(
+        dropped=dropped,
+        kept=kept,
+        not_freed=not_freed,
+        freed_bytes=rss_before - read_ram().rss_bytes,
+        tf_freed_bytes=None if tf_before is None or tf_after is None else tf_before - tf_after,
+        purge=purge,
+        elapsed_s=time.perf_counter() - start,
+        notes=tuple(notes),
+    )
+
+
+def _reset_tensorflow(patch_stack_traces: bool) -> list[str]:
+    notes: list[str] = []
+    reset_backend()
+    if patch_stack_traces and "tensorflow" in sys.modules:
+        why = tfstack.install()
+        if why:
+            notes.append(why)
+    return notes
+
+
+def _survivors(
+    watched: list[tuple[str, weakref.ref[Any]]], ns: MutableMapping[str, Any]
+) -> tuple[str, ...]:
+    alive = [(path, ref()) for path, ref in watched if ref() is not None]
+    if not alive:
+        return ()
+    paths = namespace_paths(ns)
+    out = []
+    for path, model in alive:
+        holders = paths.get(id(model)) or referrer_kinds(model, (alive, *alive))
+        out.append(f"{path} (held by {', '.join(holders)})")
+    return tuple(out)
+
+
+@contextmanager
+def fresh(
+    namespace: MutableMapping[str, Any] | None = None, **options: Any
+) -> Iterator[CleanupReport]:
+    """Run ``reset()`` before the block; for loops: ``with kerasmagic.fresh(): model = ...``."""
+    yield reset(namespace, **options)

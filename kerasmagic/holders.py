@@ -1,0 +1,121 @@
+"""Every live Keras model, its size and who holds it (for ``%gpu_mem --deep``; on demand only).
+
+This walks ``gc.get_objects()`` (tens to hundreds of ms), so it never runs between cells.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import sys
+import types as pytypes
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kerasmagic.probes.keras_state import callback_types, model_types, scan_order, walk
+from kerasmagic.stale import _stored_tracebacks
+
+
+@dataclass(frozen=True)
+class LiveModel:
+    """One live model: its Keras name, class, bytes of weights and optimizer state, holders."""
+
+    name: str
+    type: str
+    size_bytes: int
+    holders: tuple[str, ...]
+
+
+def _itemsize(dtype: Any) -> int:
+    size = getattr(dtype, "size", None)  # tf.DType
+    if isinstance(size, int):
+        return size
+    import numpy as np
+
+    return int(np.dtype(str(dtype)).itemsize)
+
+
+def model_size_bytes(model: Any) -> int:
+    """Return the bytes of a model's weights plus its optimizer's variables."""
+    variables = list(getattr(model, "weights", []))
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        variables += list(getattr(optimizer, "variables", []) or [])
+    seen: set[int] = set()
+    total = 0
+    for var in variables:
+        if id(var) in seen:
+            continue
+        seen.add(id(var))
+        try:
+            total += math.prod(int(d) for d in var.shape) * _itemsize(var.dtype)
+        except (TypeError, ValueError):  # unknown shape or exotic dtype
+            continue
+    return total
+
+
+def namespace_paths(namespace: Mapping[str, Any]) -> dict[int, list[str]]:
+    """Return ``{id(obj): [paths]}`` for objects reachable from the namespace and tracebacks."""
+    paths: dict[int, list[str]] = {}
+    cbs = callback_types()
+    for name in scan_order(namespace):
+        for path, obj in walk(name, namespace.get(name), cbs):
+            paths.setdefault(id(obj), []).append(path)
+    for label, tb in _stored_tracebacks():
+        walker: pytypes.TracebackType | None = tb
+        while walker is not None:
+            frame = walker.tb_frame
+            if frame.f_locals is not namespace:
+                for name, value in list(frame.f_locals.items()):
+                    for path, obj in walk(f"{label} ({frame.f_code.co_name}: {name})", value, cbs):
+                        paths.setdefault(id(obj), []).append(path)
+            walker = walker.tb_next
+    return paths
+
+
+def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> list[str]:
+    """Describe what refers to ``obj`` when no namespace path does (slow; survivors only)."""
+    kinds = []
+    skip = {id(x) for x in ignore} | {id(sys._getframe()), id(sys._getframe(1))}
+    for ref in gc.get_referrers(obj):
+        if id(ref) in skip:
+            continue
+        if isinstance(ref, pytypes.FrameType):
+            kinds.append(f"a running frame ({ref.f_code.co_name})")
+        elif isinstance(ref, dict):
+            kinds.append("a dict outside the namespace (a module global or object attribute)")
+        elif isinstance(ref, (list, tuple, set)):
+            kinds.append(f"a {type(ref).__name__} outside the namespace")
+        elif type(ref).__name__ == "cell":
+            kinds.append("a function closure")
+        else:
+            kinds.append(f"a {type(ref).__name__}")
+        if len(kinds) >= limit:
+            break
+    return kinds or ["nothing gc can see (C++ or a pending collection)"]
+
+
+def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
+    """Return every live Keras model, skipping the inner model a ``Sequential`` wraps."""
+    types = model_types()
+    if not types:
+        return []
+    models: list[Any] = [obj for obj in gc.get_objects() if isinstance(obj, types)]
+    inner = {id(getattr(m, "_functional", None)) for m in models}
+    owners: dict[int, str] = {}
+    for m in models:
+        for layer in getattr(m, "layers", []):
+            if isinstance(layer, types):
+                owners[id(layer)] = f"layer of model '{m.name}'"
+    paths = namespace_paths(namespace or {})
+    out = []
+    for m in models:
+        if id(m) in inner:
+            continue
+        held = paths.get(id(m)) or (
+            [owners[id(m)]] if id(m) in owners else referrer_kinds(m, (models,))
+        )
+        out.append(LiveModel(str(m.name), type(m).__name__, model_size_bytes(m), tuple(held)))
+    del models
+    return out

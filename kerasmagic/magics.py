@@ -1,0 +1,145 @@
+"""``%gpu_mem`` and ``%%fresh_model``: thin IPython glue over probes, cleanup and rendering."""
+
+from __future__ import annotations
+
+import ast
+import json
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+from traitlets import Bool
+
+from kerasmagic.cellparse import rebound_names
+from kerasmagic.cleanup import MB, reset
+from kerasmagic.holders import live_models
+from kerasmagic.probes import read_ram
+from kerasmagic.probes.tf_alloc import reset_peaks
+from kerasmagic.render import Table, fmt_bytes, model_rows, snapshot_rows
+from kerasmagic.snapshot import take_snapshot
+from kerasmagic.tfconfig import configure_gpus
+
+
+@magics_class
+class KerasMagics(Magics):
+    """Memory magics for Keras/TensorFlow notebooks (``%load_ext kerasmagic``)."""
+
+    patch_stack_traces = Bool(
+        True,
+        help="Record TF op stack traces as strings so re-run cells stop growing TF's frame cache.",
+    ).tag(config=True)
+
+    @property
+    def ip(self) -> Any:
+        """Return the shell these magics are registered with."""
+        assert self.shell is not None, "KerasMagics used without a shell"
+        return self.shell
+
+    @magic_arguments()
+    @argument("--json", action="store_true", help="Print the snapshot as JSON.")
+    @argument("--reset-peak", action="store_true", help="Reset TensorFlow's per-GPU peak counters.")
+    @argument(
+        "--deep",
+        action="store_true",
+        help="List every live Keras model with its size and what holds it (slow: scans gc).",
+    )
+    @argument(
+        "--growth",
+        action="store_true",
+        help="Turn on TensorFlow GPU memory growth (only before TF starts its GPUs).",
+    )
+    @argument(
+        "--limit",
+        type=int,
+        metavar="MB",
+        help="Cap TensorFlow at MB megabytes per GPU (only before TF starts its GPUs).",
+    )
+    @line_magic
+    def gpu_mem(self, line: str) -> None:
+        """Show RAM, GPU memory per device, TensorFlow's allocator, graph size and live models."""
+        args = parse_argstring(self.gpu_mem, line)
+        if args.growth or args.limit is not None:
+            try:
+                print(f"kerasmagic: {configure_gpus(args.growth, args.limit)}")
+            except (ValueError, ImportError) as exc:
+                raise UsageError(str(exc)) from None
+        if args.reset_peak:
+            done = reset_peaks()
+            print(
+                f"kerasmagic: peak reset on {', '.join(done)}"
+                if done
+                else "kerasmagic: no TensorFlow GPU allocator to reset"
+            )
+        snap = take_snapshot(self.ip.user_ns)
+        models = live_models(self.ip.user_ns) if args.deep else None
+        if args.json:
+            data: dict[str, Any] = snap.to_dict()
+            if models is not None:
+                data["models"] = [vars(m) | {"holders": list(m.holders)} for m in models]
+            print(json.dumps(data, indent=1))
+            return
+        display(Table(f"kerasmagic: memory of kernel pid {snap.pid}", snapshot_rows(snap)))
+        if models is not None:
+            display(Table("live Keras models", model_rows(models)))
+
+    @magic_arguments()
+    @argument(
+        "--all",
+        action="store_true",
+        dest="drop_all",
+        help="Drop every model in the namespace (and in its lists/dicts), not only stale ones.",
+    )
+    @argument("--keep", nargs="+", default=[], metavar="NAME", help="Never drop these names.")
+    @argument(
+        "--dry-run",
+        action="store_true",
+        help="Only report what would be dropped; clean nothing and do not run the cell.",
+    )
+    @argument("-q", "--quiet", action="store_true", help="Print no report.")
+    @cell_magic
+    def fresh_model(self, line: str, cell: str) -> Any:
+        """Free stale models and TF state, then run the cell, then report in one line.
+
+        Stale: models under names the cell rebinds (``model = ...``), and models held only by
+        IPython's output cache, a stored traceback or a callback's ``.model``. Models under
+        names the cell does not touch are kept and listed. Non-model data is never touched.
+        """
+        args = parse_argstring(self.fresh_model, line)
+        code = self.ip.transform_cell(cell)
+        report = reset(
+            self.ip.user_ns,
+            rebinding=rebound_names(code),
+            keep=args.keep,
+            drop_all=args.drop_all,
+            dry_run=args.dry_run,
+            patch_stack_traces=self.patch_stack_traces,
+            shell=self.shell,
+        )
+        if args.dry_run:
+            print(f"kerasmagic: {report.summary()}")
+            return None
+        rss_before = read_ram().rss_bytes
+        try:
+            return self._run(code)
+        finally:
+            if not args.quiet:
+                cell_delta = fmt_bytes(read_ram().rss_bytes - rss_before)
+                print(f"kerasmagic: {report.summary()}; cell RSS {cell_delta}")
+
+    def _run(self, code: str) -> Any:
+        """Run transformed cell code in the user namespace; return its last expression's value."""
+        tree = self.ip.transform_ast(ast.parse(code))
+        filename = self.ip.compile.cache(code)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        ns = self.ip.user_ns
+        exec(compile(tree, filename, "exec"), self.ip.user_global_ns, ns)
+        if last is None:
+            return None
+        return eval(compile(last, filename, "eval"), self.ip.user_global_ns, ns)
+
+
+__all__ = ["MB", "KerasMagics"]

@@ -1,0 +1,64 @@
+"""Sizes of TensorFlow's global graph state that grows with every trace."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from kerasmagic.probes.tf_alloc import runtime_initialized, tf_context
+
+CUSTOM_GRADIENT_PREFIX = "CustomGradient-"
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """Op count of the TF1 default graph, custom-gradient entries, traced functions."""
+
+    default_graph_ops: int | None
+    custom_gradients: int | None
+    functions: int | None
+
+
+_count_cache: tuple[int, int] = (-1, 0)  # (registry size, custom-gradient count) last seen
+
+
+def gradient_registry() -> dict[str, dict[str, object]] | None:
+    """Return TensorFlow's gradient registry dict if TensorFlow is imported, else None."""
+    ops = sys.modules.get("tensorflow.python.framework.ops")
+    registry = getattr(ops, "gradient_registry", None)
+    entries = getattr(registry, "_registry", None)
+    return entries if isinstance(entries, dict) else None
+
+
+def custom_gradient_count() -> int | None:
+    """Count ``CustomGradient-*`` entries, rescanning only when the registry changed size."""
+    global _count_cache
+    entries = gradient_registry()
+    if entries is None:
+        return None
+    size = len(entries)
+    if size != _count_cache[0]:
+        count = sum(1 for key in list(entries) if key.startswith(CUSTOM_GRADIENT_PREFIX))
+        _count_cache = (size, count)
+    return _count_cache[1]
+
+
+def _default_graph_ops() -> int | None:
+    ops = sys.modules.get("tensorflow.python.framework.ops")
+    if ops is None:
+        return None
+    # Ops are never removed from a graph, so its version counter is its op count (O(1)).
+    return int(ops.get_default_graph().version)
+
+
+def read_graph(functions: bool = True) -> GraphInfo:
+    """Return graph-size figures; ``functions`` lists the eager function library (~1 ms)."""
+    n_functions = None
+    if functions and runtime_initialized():
+        ctx = tf_context()
+        n_functions = len(ctx.list_function_names()) if ctx is not None else None
+    return GraphInfo(
+        default_graph_ops=_default_graph_ops(),
+        custom_gradients=custom_gradient_count(),
+        functions=n_functions,
+    )

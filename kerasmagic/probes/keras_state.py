@@ -1,0 +1,119 @@
+"""Keras models reachable from a namespace, and Keras's layer-name counter.
+
+Nothing here imports Keras: a model can only exist once the user has imported it, so the model
+classes are looked up in ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MAX_DEPTH = 2  # how far into lists, tuples, dicts and sets of the namespace we look
+MAX_ITEMS = 256  # how many items of one container we look at (keeps the scan O(names))
+_NOT_USER = re.compile(r"^(_|__|___|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|exit|quit|get_ipython)$")
+SKIP = frozenset({"_oh", "_ih", "In", "_dh", "__builtins__", "__builtin__"})  # aliases, no models
+
+
+@dataclass(frozen=True)
+class KerasInfo:
+    """Whether Keras is imported, its auto-name counter, and models found in the namespace."""
+
+    imported: bool
+    name_counter: int | None
+    live_models: int | None
+
+
+def _classes(module_name: str, attr_path: str) -> list[type]:
+    out: list[type] = []
+    for name in (module_name, f"tf_{module_name}"):  # Keras 3 and legacy tf-keras
+        obj: Any = sys.modules.get(name)
+        for attr in attr_path.split("."):
+            obj = getattr(obj, attr, None)
+        if isinstance(obj, type):
+            out.append(obj)
+    return out
+
+
+def model_types() -> tuple[type, ...]:
+    """Return the Keras model classes of the Keras packages already imported."""
+    return tuple(_classes("keras", "Model"))
+
+
+def callback_types() -> tuple[type, ...]:
+    """Return the Keras callback classes (``History`` among them) already imported."""
+    return tuple(_classes("keras", "callbacks.Callback"))
+
+
+def is_user_name(name: str) -> bool:
+    """Return False for IPython's own names (``Out``, ``_7``, ``_i3``) and dunders."""
+    return not (_NOT_USER.match(name) or (name.startswith("__") and name.endswith("__")))
+
+
+def scan_order(namespace: Mapping[str, Any]) -> list[str]:
+    """Return the names worth scanning, the user's own first (so paths read ``model``)."""
+    names = [name for name in list(namespace) if name not in SKIP]
+    return sorted(names, key=lambda name: not is_user_name(name))
+
+
+def callback_model(callback: Any) -> Any:
+    """Return the model a callback (or ``History``) points at, without Keras's property logic."""
+    return callback.__dict__.get("_model", callback.__dict__.get("model"))
+
+
+def walk(
+    path: str, obj: Any, callbacks: tuple[type, ...], depth: int = 0
+) -> Iterator[tuple[str, Any]]:
+    """Yield ``(path, object)`` for ``obj``, its container items and callbacks' models."""
+    yield path, obj
+    if callbacks and isinstance(obj, callbacks):
+        model = callback_model(obj)
+        if model is not None:
+            yield f"{path}.model", model
+        return
+    if depth >= MAX_DEPTH:
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, item in enumerate(obj[:MAX_ITEMS]):
+            yield from walk(f"{path}[{i}]", item, callbacks, depth + 1)
+    elif isinstance(obj, dict):
+        for key in list(obj)[:MAX_ITEMS]:
+            yield from walk(f"{path}[{key!r}]", obj.get(key), callbacks, depth + 1)
+    elif isinstance(obj, (set, frozenset)):
+        for i, item in enumerate(list(obj)[:MAX_ITEMS]):
+            yield from walk(f"{path}{{{i}}}", item, callbacks, depth + 1)
+
+
+def namespace_models(namespace: Mapping[str, Any]) -> dict[int, tuple[str, Any]]:
+    """Return ``{id: (first path, model)}`` for every model reachable from the namespace."""
+    types = model_types()
+    if not types:
+        return {}
+    callbacks = callback_types()
+    found: dict[int, tuple[str, Any]] = {}
+    for name in scan_order(namespace):
+        for path, obj in walk(name, namespace.get(name), callbacks):
+            if isinstance(obj, types) and id(obj) not in found:
+                found[id(obj)] = (path, obj)
+    return found
+
+
+def name_counter() -> int | None:
+    """Return the total of Keras's auto-name counters (``dense_57`` makes it grow)."""
+    state = sys.modules.get("keras.src.backend.common.global_state")
+    getter = getattr(state, "get_global_attribute", None)
+    if getter is None:
+        return None
+    uids = getter("object_name_uids")
+    return int(sum(uids.values())) if uids else 0
+
+
+def read_keras(namespace: Mapping[str, Any] | None) -> KerasInfo:
+    """Return Keras's state; models are counted only when a namespace is given."""
+    if not model_types():
+        return KerasInfo(imported=False, name_counter=None, live_models=None)
+    live = None if namespace is None else len(namespace_models(namespace))
+    return KerasInfo(imported=True, name_counter=name_counter(), live_models=live)

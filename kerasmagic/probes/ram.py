@@ -1,0 +1,41 @@
+"""Host memory of this process, read with psutil."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass(frozen=True)
+class RamInfo:
+    """Resident memory of this process and of the host, in bytes."""
+
+    rss_bytes: int
+    peak_rss_bytes: int | None
+    total_bytes: int
+    available_bytes: int
+
+
+def _peak_rss_bytes() -> int | None:
+    """Return the process's peak resident set size, or None where unknown."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+def read_ram() -> RamInfo:
+    """Return this process's RSS and peak, and the host's total and available memory."""
+    rss = psutil.Process().memory_info().rss
+    vm = psutil.virtual_memory()
+    return RamInfo(
+        rss_bytes=int(rss),
+        peak_rss_bytes=_peak_rss_bytes(),
+        total_bytes=int(vm.total),
+        available_bytes=int(vm.available),
+    )

@@ -1,0 +1,125 @@
+"""Turn a snapshot (and a deep scan) into rows: text in a terminal, HTML in a notebook."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+from kerasmagic.holders import LiveModel
+from kerasmagic.snapshot import MemorySnapshot
+
+Row = tuple[str, str]
+
+
+def fmt_bytes(n: int | None) -> str:
+    """Return ``n`` bytes as a short human figure (``1.2 GB``); ``n/a`` for None."""
+    if n is None:
+        return "n/a"
+    sign, value = ("-" if n < 0 else ""), float(abs(n))
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1024 or unit == "TB":
+            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _gpu_rows(snap: MemorySnapshot) -> list[Row]:
+    if not snap.gpu.devices:
+        return [("GPU", snap.gpu.message or snap.gpu.status)]
+    rows = []
+    for d in snap.gpu.devices:
+        mine = (
+            "unknown (NVML PIDs not matchable)"
+            if d.process_used_bytes is None
+            else fmt_bytes(d.process_used_bytes)
+        )
+        rows.append(
+            (
+                f"GPU {d.cuda_index}",
+                f"{d.name}: {fmt_bytes(d.used_bytes)} / "
+                f"{fmt_bytes(d.total_bytes)} used, this kernel {mine}",
+            )
+        )
+    return rows
+
+
+def _tf_row(snap: MemorySnapshot) -> Row:
+    tf = snap.tf
+    if not tf.imported:
+        return ("TF allocator", "TensorFlow not imported")
+    if not tf.initialized:
+        return ("TF allocator", "runtime not started yet (no GPU memory taken)")
+    if not tf.devices:
+        return ("TF allocator", "no GPU allocator (CPU only)")
+    return (
+        "TF allocator",
+        "; ".join(
+            f"{d.device} in use {fmt_bytes(d.current_bytes)}, peak {fmt_bytes(d.peak_bytes)}"
+            for d in tf.devices
+        ),
+    )
+
+
+def _opt(n: int | None, what: str) -> str | None:
+    return None if n is None else f"{n} {what}"
+
+
+def snapshot_rows(snap: MemorySnapshot) -> list[Row]:
+    """Return (label, value) rows for every figure in a snapshot."""
+    ram = snap.ram
+    peak = max(ram.peak_rss_bytes or 0, ram.rss_bytes)
+    graph = [
+        _opt(snap.graph.default_graph_ops, "ops in the default graph"),
+        _opt(snap.graph.custom_gradients, "custom gradients registered"),
+        _opt(snap.graph.functions, "traced functions"),
+    ]
+    keras = [
+        _opt(snap.keras.live_models, "live models in the namespace"),
+        _opt(snap.keras.name_counter, "auto-named layers (name counter)"),
+    ]
+    return [
+        (
+            "RAM",
+            f"RSS {fmt_bytes(ram.rss_bytes)} (peak {fmt_bytes(peak)}); host "
+            f"{fmt_bytes(ram.available_bytes)} free of {fmt_bytes(ram.total_bytes)}",
+        ),
+        *_gpu_rows(snap),
+        _tf_row(snap),
+        ("Graph", ", ".join(g for g in graph if g) or "TensorFlow not imported"),
+        ("Keras", ", ".join(k for k in keras if k) or "Keras not imported"),
+    ]
+
+
+def model_rows(models: Sequence[LiveModel]) -> list[Row]:
+    """Return one row per live model: name and type, size, who holds it."""
+    if not models:
+        return [("models", "no live Keras model")]
+    return [
+        (f"{m.name} ({m.type})", f"{fmt_bytes(m.size_bytes)}, held by {', '.join(m.holders)}")
+        for m in models
+    ]
+
+
+class Table:
+    """Rows shown as aligned text (``repr``) or an HTML table (``_repr_html_``)."""
+
+    def __init__(self, title: str, rows: Sequence[Row]) -> None:
+        self.title = title
+        self.rows = list(rows)
+
+    def __repr__(self) -> str:
+        width = max((len(label) for label, _ in self.rows), default=0)
+        return "\n".join(
+            [self.title, *(f"  {label:<{width}}  {value}" for label, value in self.rows)]
+        )
+
+    def _repr_html_(self) -> str:
+        body = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
+            f"<td style='text-align:left'>{html.escape(value)}</td></tr>"
+            for label, value in self.rows
+        )
+        return (
+            f"<table class='kerasmagic-table'><caption style='text-align:left'><b>"
+            f"{html.escape(self.title)}</b></caption>{body}</table>"
+        )

@@ -1,0 +1,137 @@
+"""The one memory snapshot type that magics, widget, sidebar and benchmarks all read."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kerasmagic.probes import (
+    GpuDevice,
+    GpuInfo,
+    GraphInfo,
+    KerasInfo,
+    RamInfo,
+    TfDeviceMemory,
+    TfInfo,
+    read_gpus,
+    read_graph,
+    read_keras,
+    read_ram,
+    read_tf,
+)
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    """Everything kerasmagic measures at one instant; JSON-serialisable via ``to_dict``."""
+
+    time_s: float
+    pid: int
+    ram: RamInfo
+    gpu: GpuInfo
+    tf: TfInfo
+    graph: GraphInfo
+    keras: KerasInfo
+
+    @property
+    def gpu_used_bytes(self) -> int | None:
+        """Return this process's VRAM over all GPUs, else the devices' total use, else None."""
+        devices = self.gpu.devices
+        if not devices:
+            return None
+        mine = [d.process_used_bytes for d in devices]
+        if all(m is not None for m in mine):
+            return sum(m for m in mine if m is not None)
+        return sum(d.used_bytes for d in devices)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a plain dict (``version`` first) that ``json.dumps`` accepts."""
+        return {"version": SCHEMA_VERSION, **dataclasses.asdict(self)}
+
+    def to_json(self) -> str:
+        """Return the snapshot as a JSON string."""
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemorySnapshot:
+        """Rebuild a snapshot from ``to_dict`` output."""
+        gpu = data["gpu"]
+        tf = data["tf"]
+        return cls(
+            time_s=float(data["time_s"]),
+            pid=int(data["pid"]),
+            ram=RamInfo(**data["ram"]),
+            gpu=GpuInfo(
+                gpu["status"], gpu["message"], tuple(GpuDevice(**d) for d in gpu["devices"])
+            ),
+            tf=TfInfo(
+                tf["imported"], tf["initialized"], tuple(TfDeviceMemory(**d) for d in tf["devices"])
+            ),
+            graph=GraphInfo(**data["graph"]),
+            keras=KerasInfo(**data["keras"]),
+        )
+
+
+@dataclass(frozen=True)
+class SnapshotDelta:
+    """``after - before`` for each figure both snapshots know (None where either lacks it)."""
+
+    elapsed_s: float
+    rss_bytes: int
+    gpu_used_bytes: int | None
+    tf_current_bytes: int | None
+    default_graph_ops: int | None
+    custom_gradients: int | None
+    functions: int | None
+    live_models: int | None
+    name_counter: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a plain dict for JSON."""
+        return dataclasses.asdict(self)
+
+
+def _minus(after: int | None, before: int | None) -> int | None:
+    return None if after is None or before is None else after - before
+
+
+def _tf_current(snap: MemorySnapshot) -> int | None:
+    devices = snap.tf.devices
+    return sum(d.current_bytes for d in devices) if devices else None
+
+
+def diff(before: MemorySnapshot, after: MemorySnapshot) -> SnapshotDelta:
+    """Return what changed from ``before`` to ``after``."""
+    return SnapshotDelta(
+        elapsed_s=after.time_s - before.time_s,
+        rss_bytes=after.ram.rss_bytes - before.ram.rss_bytes,
+        gpu_used_bytes=_minus(after.gpu_used_bytes, before.gpu_used_bytes),
+        tf_current_bytes=_minus(_tf_current(after), _tf_current(before)),
+        default_graph_ops=_minus(after.graph.default_graph_ops, before.graph.default_graph_ops),
+        custom_gradients=_minus(after.graph.custom_gradients, before.graph.custom_gradients),
+        functions=_minus(after.graph.functions, before.graph.functions),
+        live_models=_minus(after.keras.live_models, before.keras.live_models),
+        name_counter=_minus(after.keras.name_counter, before.keras.name_counter),
+    )
+
+
+def take_snapshot(
+    namespace: Mapping[str, Any] | None = None, *, functions: bool = True
+) -> MemorySnapshot:
+    """Read every probe once; ``namespace`` lets Keras models be counted."""
+    return MemorySnapshot(
+        time_s=time.time(),
+        pid=os.getpid(),
+        ram=read_ram(),
+        gpu=read_gpus(),
+        tf=read_tf(),
+        graph=read_graph(functions=functions),
+        keras=read_keras(namespace),
+    )

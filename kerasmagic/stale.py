@@ -1,0 +1,222 @@
+"""Decide which models in a namespace are stale and what to cut to let them go.
+
+Pure planning: ``plan_cleanup`` only looks; the returned actions do the cutting. Nothing here
+ever touches an object that is not model state: names bound to a model are unbound, models are
+taken out of containers (the rest of the container stays), callbacks such as ``History`` lose
+their ``.model`` link and keep their numbers, IPython's output cache forgets entries that hold a
+model, and stored tracebacks drop their frames' locals.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+import types as pytypes
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kerasmagic.probes.keras_state import (
+    MAX_DEPTH,
+    callback_model,
+    callback_types,
+    is_user_name,
+    model_types,
+    scan_order,
+    walk,
+)
+
+Action = tuple[str, Callable[[], None]]
+
+
+@dataclass
+class Plan:
+    """What a cleanup would cut (``actions``), which models it frees and which it keeps."""
+
+    actions: list[Action] = field(default_factory=list)
+    stale: dict[int, tuple[str, Any]] = field(default_factory=dict)
+    kept: dict[int, tuple[str, Any]] = field(default_factory=dict)
+
+
+def _models_in(
+    obj: Any, path: str, types: tuple[type, ...], cbs: tuple[type, ...]
+) -> list[tuple[str, Any]]:
+    return [(p, o) for p, o in walk(path, obj, cbs) if isinstance(o, types)]
+
+
+def _strip(obj: Any, types: tuple[type, ...], depth: int = 0) -> Any:
+    """Return ``obj`` with models replaced by None (lists and dicts in place, tuples anew)."""
+    if isinstance(obj, types):
+        return None
+    if depth >= MAX_DEPTH:
+        return obj
+    if isinstance(obj, list):
+        for i, item in enumerate(obj):
+            new = _strip(item, types, depth + 1)
+            if new is not item:
+                obj[i] = new
+    elif isinstance(obj, dict):
+        for key, item in list(obj.items()):
+            new = _strip(item, types, depth + 1)
+            if new is not item:
+                obj[key] = new
+    elif isinstance(obj, tuple):
+        items = [_strip(item, types, depth + 1) for item in obj]
+        if any(new is not old for new, old in zip(items, obj, strict=True)):
+            return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    elif isinstance(obj, set):
+        obj.difference_update([item for item in obj if isinstance(item, types)])
+    return obj
+
+
+def _unbind(ns: MutableMapping[str, Any], name: str) -> Callable[[], None]:
+    return lambda: ns.pop(name, None)
+
+
+def _strip_binding(
+    ns: MutableMapping[str, Any], name: str, types: tuple[type, ...]
+) -> Callable[[], None]:
+    def act() -> None:
+        if name in ns:
+            ns[name] = _strip(ns[name], types)
+
+    return act
+
+
+def _release_names(
+    plan: Plan, ns: MutableMapping[str, Any], names: Iterable[str], types: tuple[type, ...]
+) -> None:
+    for name in names:
+        value = ns.get(name)
+        found = _models_in(value, name, types, ())
+        if not found:
+            continue
+        if isinstance(value, types):
+            plan.actions.append((name, _unbind(ns, name)))
+        else:
+            plan.actions.append(
+                (
+                    f"{found[0][0]}" + (f" (+{len(found) - 1})" if len(found) > 1 else ""),
+                    _strip_binding(ns, name, types),
+                )
+            )
+        plan.stale.update((id(m), (p, m)) for p, m in found)
+
+
+def _release_output_cache(
+    plan: Plan, ns: MutableMapping[str, Any], types: tuple[type, ...], cbs: tuple[type, ...]
+) -> None:
+    out = ns.get("Out")
+    if isinstance(out, dict):
+        for key, value in list(out.items()):
+            found = _models_in(value, f"Out[{key}]", types, ())
+            if found:
+                plan.stale.update((id(m), (p, m)) for p, m in found)
+                plan.actions.append((f"Out[{key}]", _forget_output(ns, out, key)))
+    for name in ("_", "__", "___"):
+        found = _models_in(ns.get(name), name, types, ())
+        if found:
+            plan.stale.update((id(m), (p, m)) for p, m in found)
+            plan.actions.append((name, _set(ns, name, "")))
+
+
+def _forget_output(
+    ns: MutableMapping[str, Any], out: dict[Any, Any], key: Any
+) -> Callable[[], None]:
+    def act() -> None:
+        value = out.pop(key, None)
+        if value is not None and ns.get(f"_{key}") is value:
+            del ns[f"_{key}"]
+
+    return act
+
+
+def _set(ns: MutableMapping[str, Any], name: str, value: Any) -> Callable[[], None]:
+    return lambda: ns.__setitem__(name, value)
+
+
+def _stored_tracebacks() -> Iterator[tuple[str, pytypes.TracebackType]]:
+    seen: set[int] = set()
+    for attr in ("last_traceback", "last_value", "last_exc"):
+        obj = getattr(sys, attr, None)
+        while obj is not None and id(obj) not in seen:
+            seen.add(id(obj))
+            tb = (
+                obj
+                if isinstance(obj, pytypes.TracebackType)
+                else getattr(obj, "__traceback__", None)
+            )
+            if tb is not None:
+                yield f"sys.{attr}", tb
+            obj = getattr(obj, "__context__", None) if isinstance(obj, BaseException) else None
+
+
+def _release_tracebacks(plan: Plan, ns: MutableMapping[str, Any], types: tuple[type, ...]) -> None:
+    for label, tb in _stored_tracebacks():
+        found: list[tuple[str, Any]] = []
+        walker: pytypes.TracebackType | None = tb
+        while walker is not None:
+            frame = walker.tb_frame
+            if frame.f_locals is not ns:  # a cell's own frame: its locals are the namespace
+                for name, value in list(frame.f_locals.items()):
+                    found += _models_in(
+                        value, f"{label} ({frame.f_code.co_name}: {name})", types, ()
+                    )
+            walker = walker.tb_next
+        if found:
+            plan.stale.update((id(m), (p, m)) for p, m in found)
+            plan.actions.append((label, _clear_frames(tb)))
+
+
+def _clear_frames(tb: pytypes.TracebackType) -> Callable[[], None]:
+    return lambda: traceback.clear_frames(tb)
+
+
+def _cut_callback_links(
+    plan: Plan, ns: MutableMapping[str, Any], types: tuple[type, ...], cbs: tuple[type, ...]
+) -> None:
+    seen: set[int] = set()
+    for name in scan_order(ns):
+        for path, obj in walk(name, ns.get(name), cbs):
+            if not isinstance(obj, cbs) or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            model = callback_model(obj)
+            if isinstance(model, types) and id(model) not in plan.kept:
+                plan.stale[id(model)] = (f"{path}.model", model)
+                plan.actions.append((f"{path}.model", _cut_link(obj)))
+
+
+def _cut_link(callback: Any) -> Callable[[], None]:
+    def act() -> None:
+        key = "_model" if "_model" in callback.__dict__ else "model"
+        callback.__dict__[key] = None
+
+    return act
+
+
+def plan_cleanup(
+    ns: MutableMapping[str, Any],
+    *,
+    rebinding: Iterable[str] = (),
+    keep: Iterable[str] = (),
+    drop_all: bool = False,
+) -> Plan:
+    """Plan the release of stale models in ``ns`` (see the module docstring)."""
+    plan = Plan()
+    types, cbs = model_types(), callback_types()
+    if types:
+        users = [name for name in list(ns) if is_user_name(name)]
+        release = (set(users) if drop_all else set(rebinding) & set(ns)) - set(keep)
+        for name in users:
+            if name not in release:
+                plan.kept.update(
+                    (id(m), (p, m)) for p, m in _models_in(ns.get(name), name, types, ())
+                )
+        _release_names(plan, ns, sorted(release), types)
+        _release_output_cache(plan, ns, types, cbs)
+        _release_tracebacks(plan, ns, types)
+        _cut_callback_links(plan, ns, types, cbs)
+        for key in plan.kept:
+            plan.stale.pop(key, None)
+    return plan

@@ -1,0 +1,116 @@
+"""Drop the custom-gradient entries that TensorFlow's gradient registry never lets go.
+
+Every trace of a ``@tf.custom_gradient`` function (Keras 3's optimizer step goes through one)
+registers ``CustomGradient-<uid>`` in ``ops.gradient_registry``; the entry's closure holds the
+traced graph, so each fitted model stays in memory for good (tensorflow#97697). The registry is
+private: everything here checks that it looks as expected and otherwise does nothing.
+
+An entry is needed exactly as long as its graph is alive (a live graph may still be
+differentiated). To find out, each entry is moved from the registry onto its own graph, which
+turns "registry -> closure -> graph" into a cycle that the garbage collector can free; after a
+collection the entries of the graphs that survived go back into the registry.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kerasmagic.probes.graph import CUSTOM_GRADIENT_PREFIX, gradient_registry
+
+_PARKED = "_kerasmagic_parked_gradients"  # attribute on a graph: {name: registry entry}
+_SEARCH_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    """How many custom-gradient entries were dropped, kept (graph alive) or left (unknown)."""
+
+    dropped: int
+    kept: int
+    unknown: int
+    message: str | None = None
+
+
+def _objects_in(obj: Any, depth: int) -> Iterator[Any]:
+    """Yield objects reachable from a function through closures and containers."""
+    yield obj
+    if depth <= 0:
+        return
+    if callable(obj) and getattr(obj, "__closure__", None):
+        for cell in obj.__closure__:
+            try:
+                content = cell.cell_contents
+            except ValueError:  # empty cell
+                continue
+            yield from _objects_in(content, depth - 1)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _objects_in(item, depth - 1)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _objects_in(item, depth - 1)
+
+
+def _graphs_of(grad_fn: Any, graph_type: type) -> list[Any]:
+    """Return the graphs whose tensors a registered gradient function closes over."""
+    graphs: dict[int, Any] = {}
+    for obj in _objects_in(grad_fn, _SEARCH_DEPTH):
+        try:
+            graph = obj.graph
+        except Exception:
+            continue
+        if isinstance(graph, graph_type):
+            graphs[id(graph)] = graph
+    return list(graphs.values())
+
+
+def _park(entries: dict[str, Any], name: str, graph_type: type) -> list[weakref.ref[Any]] | None:
+    """Move one entry from the registry onto its graphs; return weak references to them."""
+    entry = entries[name]
+    graphs = _graphs_of(entry.get("type"), graph_type) if isinstance(entry, dict) else []
+    if not graphs:
+        return None
+    for graph in graphs:
+        if getattr(graph, _PARKED, None) is None:
+            setattr(graph, _PARKED, {})
+        getattr(graph, _PARKED)[name] = entry
+    del entries[name]
+    return [weakref.ref(graph) for graph in graphs]
+
+
+def _unpark(entries: dict[str, Any], name: str, refs: list[weakref.ref[Any]]) -> bool:
+    """Put an entry back if any of its graphs survived; return True if it did."""
+    alive = [graph for graph in (ref() for ref in refs) if graph is not None]
+    for graph in alive:
+        entry = getattr(graph, _PARKED, {}).pop(name, None)
+        if entry is not None:
+            entries[name] = entry
+    return bool(alive)
+
+
+def purge_custom_gradients(collect: Callable[[], object] = gc.collect) -> PurgeResult:
+    """Drop registry entries whose graphs nothing else keeps alive; ``collect`` runs gc once."""
+    entries = gradient_registry()
+    ops = sys.modules.get("tensorflow.python.framework.ops")
+    graph_type = getattr(ops, "Graph", None)
+    if entries is None or not isinstance(graph_type, type):
+        collect()
+        return PurgeResult(0, 0, 0, "TensorFlow's gradient registry not found; nothing purged")
+    parked: dict[str, list[weakref.ref[Any]]] = {}
+    unknown = 0
+    try:
+        for name in [key for key in list(entries) if key.startswith(CUSTOM_GRADIENT_PREFIX)]:
+            refs = _park(entries, name, graph_type)
+            if refs is None:
+                unknown += 1
+            else:
+                parked[name] = refs
+        collect()
+    finally:  # even on Ctrl-C: never leave a live graph without its gradient
+        kept = sum(_unpark(entries, name, refs) for name, refs in parked.items())
+    return PurgeResult(dropped=len(parked) - kept, kept=kept, unknown=unknown)

@@ -1,0 +1,74 @@
+"""Shared fixtures: a real in-process IPython shell and tiny real Keras models."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+
+def _has_gpu() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+HAS_GPU = _has_gpu()
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """Skip ``@pytest.mark.gpu`` tests on machines without an NVIDIA GPU."""
+    skip = pytest.mark.skip(reason="no NVIDIA GPU on this machine")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def ip() -> Iterator[InteractiveShell]:
+    """A real IPython shell with kerasmagic loaded, a clean namespace, unloaded afterwards."""
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("reset", "-f")
+    shell.history_manager.reset()  # type: ignore[union-attr]
+    shell.execution_count = 1
+    shell.run_line_magic("load_ext", "kerasmagic")
+    yield shell
+    shell.run_line_magic("unload_ext", "kerasmagic")
+    shell.run_line_magic("reset", "-f")
+
+
+SETUP = """
+import numpy as np, keras, tensorflow as tf
+x = np.random.default_rng(0).random((256, 20), dtype=np.float32)
+y = np.random.default_rng(1).integers(0, 2, 256)
+def build(units=8):
+    m = keras.Sequential([keras.Input((20,)), keras.layers.Dense(units, activation="relu"),
+                          keras.layers.Dense(2)])
+    m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return m
+"""
+
+
+def run(shell: InteractiveShell, code: str) -> Any:
+    """Run a cell as a user would (stored in history, Out[] filled); raise what it raised."""
+    result = shell.run_cell(code, store_history=True)
+    if result.error_before_exec is not None:
+        raise result.error_before_exec
+    if result.error_in_exec is not None:
+        raise result.error_in_exec
+    return result.result
+
+
+@pytest.fixture
+def kip(ip: InteractiveShell) -> InteractiveShell:
+    """The ``ip`` shell with Keras, data ``x``/``y`` and ``build()`` defined."""
+    run(ip, SETUP)
+    return ip
