@@ -1,17 +1,23 @@
-"""Load and unload the IPython extension symmetrically."""
+"""Load and unload the IPython extension symmetrically.
+
+Optional parts (the live monitor, the sidebar comm) are modules listed in ``PARTS``; each has
+``load(shell, magics)`` and ``unload(shell)`` and is imported only when the extension loads.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
 from kerasmagic import tfstack
 
+PARTS: tuple[str, ...] = ()  # e.g. "kerasmagic.live", "kerasmagic.comm"
 _loaded: dict[int, Any] = {}  # id(shell) -> KerasMagics instance
 
 
 def load(shell: Any) -> None:
-    """Register the magics (once per shell) and install the TF stack-trace patch if TF is up."""
+    """Register the magics and parts (once per shell); patch TF stack traces if TF is up."""
     from kerasmagic.magics import KerasMagics
 
     if id(shell) in _loaded:
@@ -19,15 +25,19 @@ def load(shell: Any) -> None:
     magics = KerasMagics(shell=shell)
     shell.register_magics(magics)
     _loaded[id(shell)] = magics
+    for part in PARTS:
+        importlib.import_module(part).load(shell, magics)
     if magics.patch_stack_traces and "tensorflow" in sys.modules:
         tfstack.install()
 
 
 def unload(shell: Any) -> None:
-    """Remove the magics and every patch; leave the user's namespace as it is."""
+    """Remove the magics, the parts and every patch; leave the user's namespace as it is."""
     magics = _loaded.pop(id(shell), None)
     if magics is None:
         return
+    for part in reversed(PARTS):
+        importlib.import_module(part).unload(shell)
     manager = shell.magics_manager
     for kind, names in magics.magics.items():
         for name in names:
@@ -37,6 +47,6 @@ def unload(shell: Any) -> None:
         tfstack.uninstall()
 
 
-def is_loaded(shell: Any) -> bool:
-    """Return True if the extension is loaded in ``shell``."""
-    return id(shell) in _loaded
+def magics_for(shell: Any) -> Any | None:
+    """Return the loaded KerasMagics of ``shell``, or None if the extension is not loaded."""
+    return _loaded.get(id(shell))
