@@ -15,6 +15,7 @@ from kerasmagic._version import __version__
 if TYPE_CHECKING:
     from kerasmagic.cleanup import CleanupReport, fresh, reset
     from kerasmagic.holders import live_models
+    from kerasmagic.live import history
     from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
 
 _LAZY = {
@@ -25,6 +26,7 @@ _LAZY = {
     "MemorySnapshot": "kerasmagic.snapshot",
     "diff": "kerasmagic.snapshot",
     "live_models": "kerasmagic.holders",
+    "history": "kerasmagic.live",
 }
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "__version__",
     "diff",
     "fresh",
+    "history",
     "live_models",
     "load_ipython_extension",
     "reset",

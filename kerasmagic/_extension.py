@@ -12,7 +12,7 @@ from typing import Any
 
 from kerasmagic import tfstack
 
-PARTS: tuple[str, ...] = ()  # e.g. "kerasmagic.live", "kerasmagic.comm"
+PARTS: tuple[str, ...] = ("kerasmagic.live",)  # each: load(shell, magics), unload(shell)
 _loaded: dict[int, Any] = {}  # id(shell) -> KerasMagics instance
 
 

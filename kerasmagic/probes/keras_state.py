@@ -10,6 +10,7 @@ import re
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 MAX_DEPTH = 2  # how far into lists, tuples, dicts and sets of the namespace we look
@@ -80,10 +81,10 @@ def walk(
         for i, item in enumerate(obj[:MAX_ITEMS]):
             yield from walk(f"{path}[{i}]", item, callbacks, depth + 1)
     elif isinstance(obj, dict):
-        for key in list(obj)[:MAX_ITEMS]:
+        for key in list(islice(obj, MAX_ITEMS)):
             yield from walk(f"{path}[{key!r}]", obj.get(key), callbacks, depth + 1)
     elif isinstance(obj, (set, frozenset)):
-        for i, item in enumerate(list(obj)[:MAX_ITEMS]):
+        for i, item in enumerate(list(islice(obj, MAX_ITEMS))):
             yield from walk(f"{path}{{{i}}}", item, callbacks, depth + 1)
 
 

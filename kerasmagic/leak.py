@@ -1,0 +1,120 @@
+"""Decide from the per-cell history whether re-running a cell keeps growing memory or graphs.
+
+Pure logic: no IPython, no TensorFlow. A cell counts as leaking when each of its last
+``min_runs`` runs (same source hash) grew the same figure, by enough in total, and no single run
+carries most of that growth (one big allocation is not a leak).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from traitlets import Float, Int
+from traitlets.config import Configurable
+
+if TYPE_CHECKING:
+    from kerasmagic.live import CellRecord
+
+REMEDY = (
+    "Run the cell under %%fresh_model (frees stale models, TF's gradient registry and Keras "
+    "names first), or %%fresh_model --isolate to train in a fresh process."
+)
+
+
+@dataclass(frozen=True)
+class LeakVerdict:
+    """``growing``: a figure grew run after run; ``what`` names it; ``message`` says it in words."""
+
+    growing: bool
+    what: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a plain dict for JSON."""
+        return {"growing": self.growing, "what": self.what, "message": self.message}
+
+
+STABLE = LeakVerdict(False, "", "stable")
+
+# (what, how to read it from a record, unit, whether it is in bytes)
+Getter = Callable[["CellRecord"], "int | None"]
+SIGNALS: tuple[tuple[str, Getter, str], ...] = (
+    ("rss", lambda r: r.delta.rss_bytes, "RSS"),
+    ("gpu", lambda r: r.delta.gpu_used_bytes, "GPU memory"),
+    ("custom_gradients", lambda r: r.delta.custom_gradients, "TF custom-gradient registry"),
+    ("functions", lambda r: r.delta.functions, "traced TF functions"),
+    ("graph_ops", lambda r: r.delta.default_graph_ops, "default-graph ops"),
+    ("live_models", lambda r: r.delta.live_models, "live Keras models"),
+    ("name_counter", lambda r: r.delta.name_counter, "Keras layer-name counter"),
+)
+BYTE_SIGNALS = frozenset({"rss", "gpu"})
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.1f} MB"
+
+
+class LeakDetector(Configurable):
+    """Thresholds for "growing"; set them as ``c.LeakDetector.min_runs = 5`` and so on."""
+
+    min_runs = Int(3, help="Runs of the same cell that must each grow before we warn.").tag(
+        config=True
+    )
+    min_step_bytes = Int(
+        2 * 2**20, help="A run counts as growing memory when it added at least this many bytes."
+    ).tag(config=True)
+    min_total_bytes = Int(
+        8 * 2**20, help="Total memory growth over those runs needed before we warn."
+    ).tag(config=True)
+    max_share = Float(
+        0.7, help="No single run may carry more than this share of the total growth."
+    ).tag(config=True)
+
+    def judge(self, history: Sequence[CellRecord]) -> LeakVerdict:
+        """Return the verdict for the most recently run cells first."""
+        seen: set[str] = set()
+        for record in reversed(history):
+            key = record.source_hash
+            if not key or key in seen:
+                continue
+            seen.add(key)
+            runs = [r for r in history if r.source_hash == key][-self.min_runs :]
+            verdict = self.judge_runs(runs)
+            if verdict.growing:
+                return verdict
+            if len(seen) >= 8:  # older cells were judged when they ran
+                break
+        return STABLE
+
+    def judge_runs(self, runs: Sequence[CellRecord]) -> LeakVerdict:
+        """Judge the runs of one cell (oldest first)."""
+        if len(runs) < max(self.min_runs, 2):
+            return STABLE
+        for what, get, label in SIGNALS:
+            values = [get(r) for r in runs]
+            if any(v is None for v in values):
+                continue
+            steps = [int(v) for v in values if v is not None]
+            if self._grows(steps, what in BYTE_SIGNALS):
+                return self._verdict(runs[-1], what, label, steps)
+        return STABLE
+
+    def _grows(self, steps: list[int], in_bytes: bool) -> bool:
+        floor = self.min_step_bytes if in_bytes else 1
+        total = sum(steps)
+        if any(s < floor for s in steps) or total <= 0:
+            return False
+        if in_bytes and total < self.min_total_bytes:
+            return False
+        return max(steps) <= self.max_share * total or not in_bytes
+
+    def _verdict(self, last: CellRecord, what: str, label: str, steps: list[int]) -> LeakVerdict:
+        per_run = sum(steps) / len(steps)
+        amount = _mb(per_run) if what in BYTE_SIGNALS else f"{per_run:.0f}"
+        message = (
+            f"Cell [{last.execution_count}] grows {label} by {amount} per run over its last "
+            f"{len(steps)} runs. {REMEDY}"
+        )
+        return LeakVerdict(True, what, message)

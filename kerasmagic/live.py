@@ -1,0 +1,219 @@
+"""Between-cell memory records, a background peak sampler, and subscribers (widget, sidebar).
+
+``pre_run_cell``/``post_run_cell`` take a cheap snapshot on the main thread (no gc scan, no
+function-library listing, no TF import). The sampler thread reads only RAM, NVML and TF's
+allocator, reuses the graph and Keras figures of the last main-thread snapshot (Keras's name
+counter is thread-local to the main thread) and never touches user objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from traitlets import Float, Int
+from traitlets.config import Configurable
+
+from kerasmagic.leak import STABLE, LeakDetector, LeakVerdict
+from kerasmagic.sampler import Sampler
+from kerasmagic.snapshot import MemorySnapshot, SnapshotDelta, diff, take_snapshot
+
+log = logging.getLogger(__name__)
+Subscriber = Callable[[str, Any], None]
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """One executed cell: its snapshots at start and end, their delta, and in-cell peaks."""
+
+    execution_count: int
+    started_s: float
+    duration_s: float
+    start: MemorySnapshot
+    end: MemorySnapshot
+    delta: SnapshotDelta
+    peak_rss_bytes: int
+    peak_gpu_bytes: int | None
+    source_hash: str = ""  # same cell source -> same hash; the leak detector groups by it
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a plain dict that ``json.dumps`` accepts."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["start"], out["end"] = self.start.to_dict(), self.end.to_dict()
+        out["delta"] = self.delta.to_dict()
+        return out
+
+
+def source_hash(source: str) -> str:
+    """Return a short stable hash of a cell's source (whitespace at the ends ignored)."""
+    return hashlib.blake2b(source.strip().encode(), digest_size=8).hexdigest()
+
+
+class LiveMonitor(Configurable):
+    """Records every cell of one shell and publishes samples; configure as ``c.LiveMonitor``."""
+
+    interval_s = Float(0.5, help="Seconds between samples while a cell runs.").tag(config=True)
+    idle_interval_s = Float(2.0, help="Seconds between samples while no cell runs.").tag(
+        config=True
+    )
+    history_size = Int(1000, help="Cells kept in the history (oldest dropped first).").tag(
+        config=True
+    )
+
+    def __init__(self, shell: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._shell = shell
+        self._history: deque[CellRecord] = deque(maxlen=max(1, self.history_size))
+        self._subscribers: list[Subscriber] = []
+        self._lock = threading.Lock()
+        self._latest: MemorySnapshot | None = None
+        self._start: tuple[MemorySnapshot, str] | None = None
+        self._verdict = STABLE
+        self.detector = LeakDetector(parent=self)
+        self.sampler = Sampler(self.interval_s, self.idle_interval_s, self._on_sample)
+
+    # -- public API ------------------------------------------------------------------------
+    def history(self) -> list[CellRecord]:
+        """Return the recorded cells, oldest first."""
+        with self._lock:
+            return list(self._history)
+
+    def latest(self) -> MemorySnapshot | None:
+        """Return the newest sample or cell-end snapshot."""
+        return self._latest
+
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
+        """Call ``fn(kind, payload)`` on each "sample" and "cell"; return an unsubscriber."""
+        with self._lock:
+            self._subscribers.append(fn)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if fn in self._subscribers:
+                    self._subscribers.remove(fn)
+
+        return unsubscribe
+
+    def verdict(self) -> LeakVerdict:
+        """Return the leak detector's verdict on the history so far."""
+        return self._verdict
+
+    # -- IPython events (main thread) ------------------------------------------------------
+    def pre_run_cell(self, info: Any) -> None:
+        """Take the cell's start snapshot and reset the in-cell peaks."""
+        snap = take_snapshot(self._shell.user_ns, functions=False)
+        self._start = (snap, source_hash(getattr(info, "raw_cell", "") or ""))
+        self._latest = snap
+        self.sampler.cell_started(snap.ram.rss_bytes, snap.gpu_used_bytes)
+
+    def post_run_cell(self, result: Any) -> None:
+        """Record the cell, judge the history, and tell subscribers."""
+        if self._start is None:
+            return
+        start, key = self._start
+        self._start = None
+        end = take_snapshot(self._shell.user_ns, functions=False)
+        peak_rss, peak_gpu = self.sampler.cell_finished(end.ram.rss_bytes, end.gpu_used_bytes)
+        peak_rss = max(peak_rss, _rusage_peak(start, end))
+        count = getattr(result, "execution_count", None)
+        record = CellRecord(
+            execution_count=int(count if count is not None else self._shell.execution_count),
+            started_s=start.time_s,
+            duration_s=end.time_s - start.time_s,
+            start=start,
+            end=end,
+            delta=diff(start, end),
+            peak_rss_bytes=peak_rss,
+            peak_gpu_bytes=peak_gpu,
+            source_hash=key,
+        )
+        with self._lock:
+            self._history.append(record)
+            history = list(self._history)
+        self._latest = end
+        self._verdict = self.detector.judge(history)
+        self._emit("cell", record)
+
+    # -- sampler thread ----------------------------------------------------------------------
+    def _on_sample(self, ram: Any, gpu: Any, tf: Any) -> None:
+        base = self._latest
+        if base is None:
+            return
+        snap = dataclasses.replace(base, time_s=time.time(), ram=ram, gpu=gpu, tf=tf)
+        self._latest = snap
+        self._emit("sample", snap)
+
+    def _emit(self, kind: str, payload: Any) -> None:
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for fn in subscribers:
+            try:
+                fn(kind, payload)
+            except Exception:
+                log.exception("kerasmagic live subscriber %r failed on %r", fn, kind)
+
+    def start(self) -> None:
+        """Start the sampler thread."""
+        self.sampler.start()
+
+    def stop(self) -> None:
+        """Stop the sampler thread and drop every subscriber."""
+        self.sampler.stop()
+        with self._lock:
+            self._subscribers.clear()
+
+
+def _rusage_peak(start: MemorySnapshot, end: MemorySnapshot) -> int:
+    """Return the process's peak RSS if it reached a new all-time high during the cell, else 0."""
+    before, after = start.ram.peak_rss_bytes, end.ram.peak_rss_bytes
+    return after if before is not None and after is not None and after > before else 0
+
+
+_monitors: dict[int, LiveMonitor] = {}
+
+
+def get_monitor(shell: Any) -> LiveMonitor | None:
+    """Return the live monitor of ``shell``, or None if the extension is not loaded there."""
+    return _monitors.get(id(shell))
+
+
+def history() -> list[CellRecord]:
+    """Return the current shell's per-cell memory history (empty if the extension is off)."""
+    from IPython.core.getipython import get_ipython
+
+    monitor = get_monitor(get_ipython())
+    return monitor.history() if monitor is not None else []
+
+
+def load(shell: Any, magics: Any) -> None:
+    """Create the shell's monitor, register its hooks and start its sampler."""
+    if id(shell) in _monitors:
+        return
+    monitor = LiveMonitor(shell, parent=magics)
+    _monitors[id(shell)] = monitor
+    shell.events.register("pre_run_cell", monitor.pre_run_cell)
+    shell.events.register("post_run_cell", monitor.post_run_cell)
+    monitor.start()
+
+
+def unload(shell: Any) -> None:
+    """Unregister the hooks and stop the sampler thread."""
+    monitor = _monitors.pop(id(shell), None)
+    if monitor is None:
+        return
+    for event, fn in (
+        ("pre_run_cell", monitor.pre_run_cell),
+        ("post_run_cell", monitor.post_run_cell),
+    ):
+        try:
+            shell.events.unregister(event, fn)
+        except ValueError:
+            log.debug("kerasmagic: %s hook already removed", event)
+    monitor.stop()
