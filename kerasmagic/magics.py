@@ -38,6 +38,14 @@ class KerasMagics(Magics):
         return self.shell
 
     @magic_arguments()
+    @argument(
+        "--live",
+        action="store_true",
+        help="Show a widget that updates after every cell and while cells run "
+        "(one line per cell in terminal IPython).",
+    )
+    @argument("--history", action="store_true", help="Show the per-cell memory history.")
+    @argument("--plot", action="store_true", help="Plot RSS/VRAM per cell (needs matplotlib).")
     @argument("--json", action="store_true", help="Print the snapshot as JSON.")
     @argument("--reset-peak", action="store_true", help="Reset TensorFlow's per-GPU peak counters.")
     @argument(
@@ -60,6 +68,11 @@ class KerasMagics(Magics):
     def gpu_mem(self, line: str) -> None:
         """Show RAM, GPU memory per device, TensorFlow's allocator, graph size and live models."""
         args = parse_argstring(self.gpu_mem, line)
+        if args.live or args.history or args.plot:
+            from kerasmagic.liveview import show
+
+            show(self.ip, live=args.live, history=args.history, plot=args.plot)
+            return
         if args.growth or args.limit is not None:
             try:
                 print(f"kerasmagic: {configure_gpus(args.growth, args.limit)}")

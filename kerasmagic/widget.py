@@ -1,0 +1,158 @@
+"""The ipywidgets view of the live monitor: bars, figures, a sparkline and the leak warning.
+
+Only HTML widgets (no custom JavaScript), so it renders in JupyterLab, Notebook 7 and VS Code.
+The numbers shown are also traits of ``LiveWidget`` (synced, so a frontend or a test can read
+them). This module collects nothing: it is fed by ``LiveMonitor.subscribe``.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from typing import Any
+
+import ipywidgets as widgets
+from traitlets import Bool, Int, List, Unicode
+
+from kerasmagic.leak import LeakVerdict
+from kerasmagic.live import CellRecord, LiveMonitor
+from kerasmagic.render import fmt_bytes
+from kerasmagic.snapshot import MemorySnapshot
+from kerasmagic.svg import bar_html, sparkline_svg
+
+SPARK_CELLS = 50
+
+
+def _tf_totals(snap: MemorySnapshot) -> tuple[int | None, int | None]:
+    """Return TF's allocator bytes in use and the VRAM it holds (reserved), when known."""
+    if not snap.tf.devices:
+        return None, None
+    return sum(d.current_bytes for d in snap.tf.devices), snap.gpu_used_bytes
+
+
+class LiveWidget(widgets.VBox):  # type: ignore[misc]
+    """Memory of this kernel, updated after every cell and while a cell runs."""
+
+    rss_bytes = Int(0).tag(sync=True)
+    host_total_bytes = Int(0).tag(sync=True)
+    cell_peak_rss_bytes = Int(0).tag(sync=True)  # peak of the last finished cell
+    running_peak_rss_bytes = Int(0).tag(sync=True)  # highest sample since that cell ended
+    gpu_used_bytes = Int(None, allow_none=True).tag(sync=True)
+    gpu_total_bytes = Int(None, allow_none=True).tag(sync=True)
+    tf_in_use_bytes = Int(None, allow_none=True).tag(sync=True)
+    tf_reserved_bytes = Int(None, allow_none=True).tag(sync=True)
+    graph_functions = Int(None, allow_none=True).tag(sync=True)
+    custom_gradients = Int(None, allow_none=True).tag(sync=True)
+    live_models = Int(None, allow_none=True).tag(sync=True)
+    name_counter = Int(None, allow_none=True).tag(sync=True)
+    last_cell = Int(None, allow_none=True).tag(sync=True)
+    last_delta_bytes = Int(None, allow_none=True).tag(sync=True)
+    history_rss = List(Int()).tag(sync=True)
+    samples_seen = Int(0).tag(sync=True)
+    growing = Bool(False).tag(sync=True)
+    warning = Unicode("").tag(sync=True)
+
+    def __init__(self, monitor: LiveMonitor, **kwargs: Any) -> None:
+        self._bars = widgets.HTML()
+        self._figures = widgets.HTML()
+        self._spark = widgets.HTML()
+        self._alert = widgets.HTML()
+        super().__init__(children=[self._bars, self._figures, self._spark, self._alert], **kwargs)
+        self.add_class("kerasmagic-live")
+        self._lock = threading.Lock()
+        for record in monitor.history()[-SPARK_CELLS:]:
+            self.show_cell(record, monitor.verdict())
+        latest = monitor.latest()
+        if latest is not None:
+            self.show_snapshot(latest)
+        self._monitor = monitor
+        self._unsubscribe = monitor.subscribe(self._on_event)
+
+    def _on_event(self, kind: str, payload: Any) -> None:
+        if kind == "sample":
+            self.show_snapshot(payload)
+        elif kind == "cell":
+            self.show_cell(payload, self._monitor.verdict())
+
+    def close(self) -> None:
+        """Stop listening to the monitor and close the widgets."""
+        self._unsubscribe()
+        super().close()
+
+    def show_snapshot(self, snap: MemorySnapshot) -> None:
+        """Show the memory figures of one snapshot (a sample or a cell's end)."""
+        with self._lock:
+            self.samples_seen += 1
+            self.rss_bytes = snap.ram.rss_bytes
+            self.host_total_bytes = snap.ram.total_bytes
+            self.running_peak_rss_bytes = max(self.running_peak_rss_bytes, snap.ram.rss_bytes)
+            self.gpu_used_bytes = snap.gpu_used_bytes
+            devices = snap.gpu.devices
+            self.gpu_total_bytes = sum(d.total_bytes for d in devices) if devices else None
+            self.tf_in_use_bytes, self.tf_reserved_bytes = _tf_totals(snap)
+            self.graph_functions = snap.graph.functions
+            self.custom_gradients = snap.graph.custom_gradients
+            self.live_models = snap.keras.live_models
+            self.name_counter = snap.keras.name_counter
+            self._bars.value = self._bars_html(snap)
+            self._figures.value = self._figures_html()
+
+    def show_cell(self, record: CellRecord, verdict: LeakVerdict) -> None:
+        """Show a finished cell: its delta, the sparkline and the leak verdict."""
+        with self._lock:
+            self.cell_peak_rss_bytes = record.peak_rss_bytes
+            self.running_peak_rss_bytes = 0
+        self.show_snapshot(record.end)
+        with self._lock:
+            self.last_cell = record.execution_count
+            self.last_delta_bytes = record.delta.rss_bytes
+            self.history_rss = [*self.history_rss, record.end.ram.rss_bytes][-SPARK_CELLS:]
+            self.growing, self.warning = verdict.growing, verdict.message if verdict.growing else ""
+            self._figures.value = self._figures_html()
+            self._spark.value = sparkline_svg(self.history_rss, "RSS after each cell")
+            self._alert.value = self._alert_html()
+
+    def _bars_html(self, snap: MemorySnapshot) -> str:
+        ram = snap.ram
+        peaks = (
+            f"peak: last cell {fmt_bytes(self.cell_peak_rss_bytes)}, "
+            f"since then {fmt_bytes(self.running_peak_rss_bytes)}"
+        )
+        rss = bar_html("RSS", ram.rss_bytes, ram.total_bytes, peaks)
+        if self.gpu_used_bytes is None or not self.gpu_total_bytes:
+            return rss + f"<div>VRAM: {html.escape(snap.gpu.message or snap.gpu.status)}</div>"
+        tf = (
+            f"TF in use {fmt_bytes(self.tf_in_use_bytes)} of {fmt_bytes(self.tf_reserved_bytes)}"
+            if self.tf_in_use_bytes is not None
+            else "TF allocator n/a"
+        )
+        return rss + bar_html("VRAM", self.gpu_used_bytes, self.gpu_total_bytes, tf)
+
+    def _figures_html(self) -> str:
+        def opt(value: int | None) -> str:
+            return "n/a" if value is None else str(value)
+
+        delta = (
+            "no cell yet"
+            if self.last_cell is None
+            else f"cell [{self.last_cell}] RSS {_signed(self.last_delta_bytes)}"
+        )
+        return (
+            f"<div>graph: {opt(self.graph_functions)} functions, "
+            f"{opt(self.custom_gradients)} custom gradients &middot; models: "
+            f"{opt(self.live_models)} live, name counter {opt(self.name_counter)} &middot; "
+            f"last: {html.escape(delta)}</div>"
+        )
+
+    def _alert_html(self) -> str:
+        if not self.growing:
+            return "<div style='color:#2e7d32'>stable: no growth across re-runs</div>"
+        return (
+            f"<div style='color:#b71c1c;font-weight:bold'>&#9888; {html.escape(self.warning)}</div>"
+        )
+
+
+def _signed(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    return ("+" if n >= 0 else "") + fmt_bytes(n)
