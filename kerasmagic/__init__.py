@@ -15,6 +15,7 @@ from kerasmagic._version import __version__
 if TYPE_CHECKING:
     from kerasmagic.cleanup import CleanupReport, fresh, reset
     from kerasmagic.holders import live_models
+    from kerasmagic.isolate.api import isolated, run_isolated, sweep
     from kerasmagic.live import history
     from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
 
@@ -25,6 +26,9 @@ _LAZY = {
     "take_snapshot": "kerasmagic.snapshot",
     "MemorySnapshot": "kerasmagic.snapshot",
     "diff": "kerasmagic.snapshot",
+    "run_isolated": "kerasmagic.isolate.api",
+    "isolated": "kerasmagic.isolate.api",
+    "sweep": "kerasmagic.isolate.api",
     "live_models": "kerasmagic.holders",
     "history": "kerasmagic.live",
 }
@@ -36,9 +40,12 @@ __all__ = [
     "diff",
     "fresh",
     "history",
+    "isolated",
     "live_models",
     "load_ipython_extension",
     "reset",
+    "run_isolated",
+    "sweep",
     "take_snapshot",
     "unload_ipython_extension",
 ]

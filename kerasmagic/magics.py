@@ -21,6 +21,8 @@ from kerasmagic.render import Table, fmt_bytes, model_rows, snapshot_rows
 from kerasmagic.snapshot import take_snapshot
 from kerasmagic.tfconfig import configure_gpus
 
+ISOLATE_FLAGS = ("inputs", "outputs", "timeout", "gpus", "on")
+
 
 @magics_class
 class KerasMagics(Magics):
@@ -111,6 +113,20 @@ class KerasMagics(Magics):
         help="Only report what would be dropped; clean nothing and do not run the cell.",
     )
     @argument("-q", "--quiet", action="store_true", help="Print no report.")
+    @argument(
+        "--isolate",
+        action="store_true",
+        help="Run the cell in a fresh Python process; all its memory is freed when it ends.",
+    )
+    @argument("--inputs", nargs="+", metavar="NAME", help="Notebook names sent to --isolate.")
+    @argument("--outputs", nargs="+", metavar="NAME", help="Names brought back by --isolate.")
+    @argument("--timeout", type=float, metavar="S", help="Kill the isolated process after S s.")
+    @argument(
+        "--gpus",
+        metavar="SPEC",
+        help='GPUs of the isolated process: "0", "0,1", "" for CPU; with --on ray: GPUs per run.',
+    )
+    @argument("--on", metavar="BACKEND", help="Run the isolated cell on ray or ray://host:port.")
     @cell_magic
     def fresh_model(self, line: str, cell: str) -> Any:
         """Free stale models and TF state, then run the cell, then report in one line.
@@ -120,6 +136,12 @@ class KerasMagics(Magics):
         names the cell does not touch are kept and listed. Non-model data is never touched.
         """
         args = parse_argstring(self.fresh_model, line)
+        if args.isolate:
+            from kerasmagic.isolate.magic import run_cell_isolated
+
+            return run_cell_isolated(self.ip, args, cell)
+        if any(getattr(args, name) is not None for name in ISOLATE_FLAGS):
+            raise UsageError("--inputs, --outputs, --timeout, --gpus and --on need --isolate")
         code = self.ip.transform_cell(cell)
         report = reset(
             self.ip.user_ns,

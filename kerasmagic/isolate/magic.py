@@ -1,0 +1,96 @@
+"""``%%fresh_model --isolate``: run a cell in a fresh process, inputs in, outputs back.
+
+The cell's source runs in the child with the named ``--inputs`` as its globals; the named
+``--outputs`` come back into the notebook only if the cell succeeds, so a failed or killed cell
+leaves every variable as it was. Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import keyword
+import pickle
+import re
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from kerasmagic.isolate._child import exec_cell
+from kerasmagic.isolate.api import gpu_spec
+from kerasmagic.isolate.outcome import Outcome, unwrap
+from kerasmagic.isolate.runner import run_local
+
+
+def _names(names: list[str] | None, what: str) -> list[str]:
+    out = [n for raw in names or [] for n in raw.split(",") if n]
+    bad = [n for n in out if not n.isidentifier() or keyword.iskeyword(n)]
+    if bad:
+        raise UsageError(f"--{what}: not a Python name: {', '.join(bad)}")
+    return out
+
+
+def _inputs(user_ns: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    missing = [n for n in names if n not in user_ns]
+    if missing:
+        raise UsageError(f"--inputs: not defined in the notebook: {', '.join(missing)}")
+    return {n: user_ns[n] for n in names}
+
+
+def _check(args: Any, cell: str, code: str) -> None:
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError("--timeout must be a positive number of seconds")
+    if "get_ipython()" in code and "get_ipython" not in cell:
+        raise UsageError("an isolated cell runs plain Python: remove %magics and !commands")
+    if args.on is not None and args.on != "ray" and not args.on.startswith("ray://"):
+        raise UsageError(f"--on: expected 'ray' or 'ray://host:port', got {args.on!r}")
+
+
+def _run(args: Any, code: str, inputs: dict[str, Any], outputs: list[str]) -> Outcome:
+    call = (code, inputs, outputs)
+    if args.on is None:
+        try:
+            spec = gpu_spec(args.gpus)
+        except ValueError as exc:
+            raise UsageError(f"--gpus: {exc}") from None
+        return run_local(exec_cell, call, timeout_s=args.timeout, gpus=spec)
+    from kerasmagic.isolate.ray_backend import ray_sweep
+
+    try:
+        gpus = float(args.gpus or 0)
+    except ValueError:
+        raise UsageError("--gpus with --on ray: GPUs per run, e.g. 1 or 0.5") from None
+    try:
+        return ray_sweep(exec_cell, [(call, {})], on=args.on, timeout_s=args.timeout, gpus=gpus)[0]
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _hint(outcome: Outcome, user_ns: dict[str, Any]) -> None:
+    """Point at ``--inputs`` when the cell used a notebook name it was not given."""
+    if outcome.error_type != "NameError" or outcome.error is None:
+        return
+    found = re.search(r"name '(\w+)' is not defined", outcome.error)
+    if found and found.group(1) in user_ns:
+        name = found.group(1)
+        outcome.error += f"\n'{name}' exists in the notebook: pass it with --inputs {name}\n"
+
+
+def run_cell_isolated(shell: Any, args: Any, cell: str) -> Any:
+    """Run ``cell`` in a fresh process; bind ``--outputs``; return its last expression's value."""
+    code = shell.transform_cell(cell)
+    _check(args, cell, code)
+    outputs = _names(args.outputs, "outputs")
+    inputs = _inputs(shell.user_ns, _names(args.inputs, "inputs"))
+    try:
+        outcome = _run(args, code, inputs, outputs)
+    except (TypeError, AttributeError, pickle.PicklingError) as exc:
+        raise UsageError(f"an input cannot be sent to the child process: {exc}") from None
+    _hint(outcome, shell.user_ns)
+    value = unwrap(outcome)
+    shell.user_ns.update(value["outputs"])
+    if not args.quiet:
+        back = f"; outputs: {', '.join(outputs)}" if outputs else ""
+        where = "Ray" if args.on else "process"
+        print(f"kerasmagic: ran isolated in {where} {outcome.pid}, {outcome.elapsed_s:.1f} s{back}")
+        sys.stdout.flush()
+    return value["value"]
