@@ -72,10 +72,14 @@ class LeakDetector(Configurable):
         0.7, help="No single run may carry more than this share of the total growth."
     ).tag(config=True)
 
+    window = Int(
+        4, help="Judge only cells run among the last `window` cells (fixed cells stop warning)."
+    ).tag(config=True)
+
     def judge(self, history: Sequence[CellRecord]) -> LeakVerdict:
-        """Return the verdict for the most recently run cells first."""
+        """Return the first growing verdict among recently run cells, newest first."""
         seen: set[str] = set()
-        for record in reversed(history):
+        for record in reversed(history[-max(1, self.window) :]):
             key = record.source_hash
             if not key or key in seen:
                 continue
@@ -84,8 +88,6 @@ class LeakDetector(Configurable):
             verdict = self.judge_runs(runs)
             if verdict.growing:
                 return verdict
-            if len(seen) >= 8:  # older cells were judged when they ran
-                break
         return STABLE
 
     def judge_runs(self, runs: Sequence[CellRecord]) -> LeakVerdict:

@@ -1,0 +1,124 @@
+"""The leak detector: pure unit on synthetic histories, then on real Keras leaks in a shell."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from conftest import run
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+
+from kerasmagic.leak import LeakDetector
+from kerasmagic.live import CellRecord, get_monitor
+from kerasmagic.probes import GpuInfo, GraphInfo, KerasInfo, RamInfo, TfInfo
+from kerasmagic.snapshot import MemorySnapshot, diff
+
+MB = 2**20
+
+
+def snap(rss: int, cg: int | None = None, names: int | None = None) -> MemorySnapshot:
+    return MemorySnapshot(
+        time_s=0.0,
+        pid=1,
+        ram=RamInfo(rss, None, 8000 * MB, 4000 * MB),
+        gpu=GpuInfo("no_driver", None, ()),
+        tf=TfInfo(False, False, ()),
+        graph=GraphInfo(None, cg, None),
+        keras=KerasInfo(names is not None, names, None),
+    )
+
+
+def history(deltas_mb: Sequence[float], key: str = "a", base: int = 500) -> list[CellRecord]:
+    """Runs of one cell whose RSS grows by each of ``deltas_mb`` in turn."""
+    out, rss = [], base * MB
+    for i, d in enumerate(deltas_mb):
+        start, end = snap(rss), snap(rss + int(d * MB))
+        out.append(CellRecord(i + 1, 0.0, 0.1, start, end, diff(start, end), end.ram.rss_bytes,
+                              None, key))  # fmt: skip
+        rss = end.ram.rss_bytes
+    return out
+
+
+def test_steady_growth_is_a_leak() -> None:
+    verdict = LeakDetector().judge(history([10, 9, 11, 10]))
+    assert verdict.growing and verdict.what == "rss"
+    assert "10.0 MB per run" in verdict.message and "%%fresh_model" in verdict.message
+
+
+def test_one_large_allocation_is_not_a_leak() -> None:
+    assert not LeakDetector().judge(history([800, 0.1, 0.0, -0.2])).growing
+    assert not LeakDetector().judge(history([800, 3, 3])).growing  # one run carries it all
+
+
+def test_noise_and_small_growth_are_not_leaks() -> None:
+    assert not LeakDetector().judge(history([3, -2, 4, 1, -1])).growing
+    assert not LeakDetector().judge(history([0.5, 0.6, 0.5, 0.4])).growing
+
+
+def test_too_few_runs_say_nothing() -> None:
+    assert not LeakDetector().judge(history([50, 50])).growing
+
+
+def test_runs_are_grouped_by_cell_source() -> None:
+    grows, other = history([10, 10, 10], key="a"), history([-10, 0, 10], key="b")
+    mixed = [grows[0], other[0], grows[1], other[1], grows[2], other[2]]
+    verdict = LeakDetector().judge(mixed)
+    assert verdict.growing and "Cell [3]" in verdict.message
+    assert not LeakDetector().judge(other + history([10, 10], key="a")).growing
+
+
+def test_climbing_counters_are_leaks_without_memory_growth() -> None:
+    records = []
+    for i in range(3):
+        start, end = snap(500 * MB, 2 * i, 3 * i), snap(500 * MB, 2 * i + 2, 3 * i + 3)
+        records.append(CellRecord(i, 0.0, 0.1, start, end, diff(start, end), 0, None, "k"))
+    verdict = LeakDetector().judge(records)
+    assert verdict.growing and verdict.what == "custom_gradients"
+    assert "by 2 per run" in verdict.message
+
+
+def test_thresholds_are_configurable() -> None:
+    config = Config({"LeakDetector": {"min_runs": 5, "min_step_bytes": 20 * MB}})
+    detector = LeakDetector(config=config)
+    assert not detector.judge(history([10, 10, 10, 10])).growing
+    assert not detector.judge(history([10, 10, 10, 10, 10])).growing
+    assert detector.judge(history([25, 25, 25, 25, 25])).growing
+
+
+def test_shell_config_reaches_the_detector(ip: InteractiveShell) -> None:
+    ip.config.LeakDetector.min_runs = 6
+    try:
+        ip.run_line_magic("unload_ext", "kerasmagic")
+        ip.run_line_magic("load_ext", "kerasmagic")
+        monitor = get_monitor(ip)
+        assert monitor is not None and monitor.detector.min_runs == 6
+    finally:
+        del ip.config.LeakDetector.min_runs
+
+
+CELL_FIT = "m = build()\nm.fit(x, y, epochs=1, batch_size=128, verbose=0)"
+
+
+@pytest.mark.slow
+def test_gradient_registry_leak_is_flagged_and_fresh_model_is_quiet(kip: InteractiveShell) -> None:
+    monitor = get_monitor(kip)
+    assert monitor is not None
+    for _ in range(3):
+        run(kip, CELL_FIT)
+    verdict = monitor.verdict()
+    assert verdict.growing and verdict.what in {"rss", "custom_gradients", "name_counter"}
+    for _ in range(4):
+        run(kip, "%%fresh_model -q\n" + CELL_FIT)
+    assert not monitor.verdict().growing, monitor.verdict().message
+
+
+@pytest.mark.slow
+def test_a_list_that_keeps_models_is_flagged(kip: InteractiveShell) -> None:
+    run(kip, "kept = []")
+    monitor = get_monitor(kip)
+    assert monitor is not None
+    for _ in range(3):
+        run(kip, "kept.append(build())")
+    assert monitor.verdict().what == "live_models"
+    assert monitor.history()[-1].delta.live_models == 1
