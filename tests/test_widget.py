@@ -1,0 +1,159 @@
+"""The live widget's traits, the terminal line view, --history/--plot, and a real kernel."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import pytest
+from conftest import run
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+from kerasmagic.live import LiveMonitor, get_monitor
+from kerasmagic.render import fmt_bytes
+from kerasmagic.widget import LiveWidget
+
+MB = 2**20
+
+
+@pytest.fixture
+def monitor(ip: InteractiveShell) -> LiveMonitor:
+    """The shell's monitor with its sampler stopped, so only the test drives samples."""
+    found = get_monitor(ip)
+    assert found is not None
+    found.sampler.stop()
+    return found
+
+
+def test_traits_hold_the_values_shown(ip: InteractiveShell, monitor: LiveMonitor) -> None:
+    run(ip, "a = 1")
+    widget = LiveWidget(monitor)
+    run(ip, "blob = b'x' * (40 * 2**20)")
+    record = monitor.history()[-1]
+    assert widget.last_cell == record.execution_count == 2
+    assert widget.rss_bytes == record.end.ram.rss_bytes
+    assert widget.last_delta_bytes == record.delta.rss_bytes > 35 * MB
+    assert widget.cell_peak_rss_bytes == record.peak_rss_bytes
+    assert widget.history_rss == [r.end.ram.rss_bytes for r in monitor.history()]
+    assert fmt_bytes(widget.rss_bytes) in widget.children[0].value
+    assert f"cell [2] RSS +{fmt_bytes(record.delta.rss_bytes)}" in widget.children[1].value
+    assert widget.children[2].value.count(" ") > 0 and "<polyline" in widget.children[2].value
+    assert widget.gpu_used_bytes is None and "VRAM" in widget.children[0].value
+    assert not widget.growing and "stable" in widget.children[3].value
+    widget.close()
+
+
+def test_samples_update_the_widget_between_cells(
+    ip: InteractiveShell, monitor: LiveMonitor
+) -> None:
+    run(ip, "a = 1")
+    widget = LiveWidget(monitor)
+    seen = widget.samples_seen
+    run(ip, "ballast = b'x' * (30 * 2**20)")
+    monitor.sampler.sample_once()
+    latest = monitor.latest()
+    assert latest is not None
+    assert widget.samples_seen == seen + 2  # the cell's end and the sample
+    assert widget.rss_bytes == latest.ram.rss_bytes
+    assert widget.running_peak_rss_bytes >= latest.ram.rss_bytes
+    widget.close()
+
+
+def test_warning_state_names_the_remedy(ip: InteractiveShell, monitor: LiveMonitor) -> None:
+    widget = LiveWidget(monitor)
+    run(ip, "keep = []")
+    for _ in range(3):
+        run(ip, "keep.append(b'x' * (12 * 2**20))")
+    assert widget.growing
+    assert "%%fresh_model" in widget.warning and "--isolate" in widget.warning
+    assert "&#9888;" in widget.children[3].value
+    widget.close()
+    run(ip, "keep.clear()")
+    assert widget.last_cell == 4  # closed: no longer listening
+
+
+def test_terminal_prints_one_line_per_cell(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(ip, "%gpu_mem --live")
+    capsys.readouterr()
+    run(ip, "c = b'x' * (20 * 2**20)")
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kerasmagic [2]")
+    assert "RSS" in lines[0] and "peak" in lines[0]
+    run(ip, "%gpu_mem --live")  # asking twice does not print twice
+    capsys.readouterr()
+    run(ip, "d = 1")
+    assert len(capsys.readouterr().out.strip().splitlines()) == 1
+
+
+def test_history_table_and_plot(ip: InteractiveShell) -> None:
+    run(ip, "e = 1")
+    run(ip, "f = 2")
+    with capture_output() as captured:
+        run(ip, "%gpu_mem --history --plot")
+    table, image = captured.outputs[0], captured.outputs[1]
+    assert "[1]" in table.data["text/plain"] and "[2]" in table.data["text/html"]
+    assert image.data["image/png"]
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(
+    ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    run(ip, "%gpu_mem --plot")
+    assert "pip install 'kerasmagic[plot]'" in capsys.readouterr().out
+
+
+def _until_idle(kc: Any, msg_id: str, timeout_s: float = 60) -> list[dict[str, Any]]:
+    """Return the iopub messages of one execution, in order, up to its idle status."""
+    out: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        msg = kc.get_iopub_msg(timeout=timeout_s)
+        out.append(msg)
+        if (
+            msg["msg_type"] == "status"
+            and msg["parent_header"].get("msg_id") == msg_id
+            and msg["content"]["execution_state"] == "idle"
+        ):
+            return out
+    raise TimeoutError("kernel did not finish the cell")
+
+
+LONG_CELL = "import time\nb = b'x' * (150 * 2**20)\ntime.sleep(1.5)\ndel b\ntime.sleep(0.3)"
+
+
+@pytest.mark.slow
+def test_widget_updates_while_a_cell_runs_in_a_real_kernel() -> None:
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        setup = "get_ipython().config.LiveMonitor.interval_s = 0.1\n%load_ext kerasmagic"
+        _until_idle(kc, kc.execute(setup))
+        opened = _until_idle(kc, kc.execute("%gpu_mem --live"))
+        state = {
+            m["content"]["comm_id"]: m["content"]["data"]["state"]
+            for m in opened
+            if m["msg_type"] == "comm_open"
+        }
+        widget_id = next(cid for cid, s in state.items() if "rss_bytes" in s)
+        rss_before = state[widget_id]["rss_bytes"]
+        messages = _until_idle(kc, kc.execute(LONG_CELL))
+        updates = [
+            m["content"]["data"]["state"]
+            for m in messages
+            if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == widget_id
+        ]
+        # The cell frees its 150 MB before it ends, so only samples taken while it ran show it.
+        during = [i for i, s in enumerate(updates) if s.get("rss_bytes", 0) - rss_before > 120 * MB]
+        ended = [i for i, s in enumerate(updates) if s.get("last_cell") == 3]
+        assert during, updates
+        assert ended and max(during) < ended[0]  # shown before the cell's end record arrived
+        assert sum("rss_bytes" in s for s in updates[: ended[0]]) >= 3
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
