@@ -64,6 +64,11 @@ def load_ipython_extension(ipython: Any) -> None:
     load(ipython)
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Tell ``jupyter labextension develop`` where the built sidebar lives."""
+    return [{"src": "labextension", "dest": "kerasmagic"}]
+
+
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext kerasmagic``: remove everything ``load_ipython_extension`` added."""
     from kerasmagic._extension import unload

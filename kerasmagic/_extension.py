@@ -12,7 +12,7 @@ from typing import Any
 
 from kerasmagic import tfstack
 
-PARTS: tuple[str, ...] = ("kerasmagic.live",)  # each: load(shell, magics), unload(shell)
+PARTS: tuple[str, ...] = ("kerasmagic.live", "kerasmagic.comm")  # each: load(), unload()
 _loaded: dict[int, Any] = {}  # id(shell) -> KerasMagics instance
 
 

@@ -1,0 +1,358 @@
+/**
+ * The sidebar's state for the active notebook's kernel: which kernel, whether
+ * kerasmagic answers there, the latest snapshot, the cell history, the leak
+ * verdict and the last "Free memory" result. No DOM here.
+ */
+import { ISessionContext } from '@jupyterlab/apputils';
+import { INotebookTracker } from '@jupyterlab/notebook';
+import { Kernel, KernelMessage as KM } from '@jupyterlab/services';
+import { IDisposable } from '@lumino/disposable';
+import { Poll } from '@lumino/polling';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import {
+  ICellRecord,
+  ICleanupReport,
+  ILeakVerdict,
+  ISnapshot,
+  Push
+} from './protocol';
+import { ChannelEnd, KernelChannel } from './request';
+
+/** Where the sidebar stands with the active notebook's kernel. */
+export type Status =
+  | 'no-notebook'
+  | 'no-kernel'
+  | 'connecting'
+  | 'not-loaded'
+  | 'live';
+
+export interface IFreeState {
+  phase: 'idle' | 'queued' | 'running' | 'done' | 'failed';
+  report: ICleanupReport | null;
+  summary: string;
+  /** RSS before the request, to show what the figure fell by. */
+  rssBeforeBytes: number | null;
+}
+
+const HISTORY_CELLS = 30;
+const STALE_MS = 8000;
+const CONNECT_TIMEOUT_MS = 20000;
+const GONE: ReadonlyArray<Kernel.Status> = [
+  'restarting',
+  'autorestarting',
+  'dead',
+  'terminating',
+  'unknown'
+];
+
+/** Return this process's VRAM over all GPUs, else the devices' use, else null (as in Python). */
+export function gpuUsedBytes(snapshot: ISnapshot): number | null {
+  const devices = snapshot.gpu.devices;
+  if (devices.length === 0) {
+    return null;
+  }
+  if (devices.every(d => d.process_used_bytes !== null)) {
+    return devices.reduce((sum, d) => sum + (d.process_used_bytes ?? 0), 0);
+  }
+  return devices.reduce((sum, d) => sum + d.used_bytes, 0);
+}
+
+export class MemoryModel implements IDisposable {
+  constructor(tracker: INotebookTracker) {
+    this._tracker = tracker;
+    tracker.currentChanged.connect(this._follow, this);
+    this._poll = new Poll({
+      factory: () => this._tick(),
+      frequency: { interval: 3000, backoff: false },
+      name: 'kerasmagic:memory',
+      standby: 'when-hidden'
+    });
+    this._follow();
+  }
+
+  /** Emitted on every change the view shows. */
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  get status(): Status {
+    return this._status;
+  }
+  /** The kernel's execution state ('idle', 'busy', ...), or null without a kernel. */
+  get kernelStatus(): Kernel.Status | null {
+    return this._session?.session?.kernel?.status ?? null;
+  }
+  get notebookPath(): string {
+    return this._session?.path ?? '';
+  }
+  get kernelName(): string {
+    return this._session?.kernelDisplayName ?? '';
+  }
+  get kerasmagicVersion(): string {
+    return this._version;
+  }
+  /** Whether the kernel runs the live monitor (pushes during cells). */
+  get live(): boolean {
+    return this._live;
+  }
+  get snapshot(): ISnapshot | null {
+    return this._snapshot;
+  }
+  get history(): ReadonlyArray<ICellRecord> {
+    return this._history;
+  }
+  get verdict(): ILeakVerdict | null {
+    return this._verdict;
+  }
+  get free(): IFreeState {
+    return this._free;
+  }
+  /** The last error the kernel or the connection reported, or ''. */
+  get error(): string {
+    return this._error;
+  }
+  get isDisposed(): boolean {
+    return this._disposed;
+  }
+
+  /** Run `%load_ext kerasmagic` silently in the kernel, then connect. */
+  async loadExtension(): Promise<void> {
+    const kernel = this._session?.session?.kernel;
+    if (!kernel) {
+      return;
+    }
+    this._error = '';
+    this._status = 'connecting';
+    this._changed.emit();
+    const future = kernel.requestExecute({
+      code: '%load_ext kerasmagic',
+      silent: true,
+      store_history: false,
+      allow_stdin: false,
+      stop_on_error: false
+    });
+    const reply = await future.done;
+    if (reply.content.status === 'error') {
+      const content = reply.content as KM.IReplyErrorContent;
+      this._error = `%load_ext kerasmagic failed: ${content.ename}: ${content.evalue}`;
+      this._status = 'not-loaded';
+      this._changed.emit();
+      return;
+    }
+    this._connect();
+  }
+
+  /** Ask the kernel to run kerasmagic's cleanup; it waits for a running cell to finish. */
+  async freeMemory(): Promise<void> {
+    const channel = this._channel;
+    if (!channel || this._free.phase === 'queued' || this._free.phase === 'running') {
+      return;
+    }
+    this._free = {
+      phase: this.kernelStatus === 'busy' ? 'queued' : 'running',
+      report: null,
+      summary: '',
+      rssBeforeBytes: this._snapshot?.ram.rss_bytes ?? null
+    };
+    this._changed.emit();
+    try {
+      const reply = await channel.request('free_memory');
+      this._free = { ...this._free, phase: 'done', report: reply.report, summary: reply.summary };
+      this._setSnapshot(reply.snapshot);
+    } catch (error) {
+      this._free = { ...this._free, phase: 'failed', summary: String(error) };
+    }
+    this._changed.emit();
+  }
+
+  dispose(): void {
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    this._poll.dispose();
+    this._closeChannel();
+    Signal.clearData(this);
+  }
+
+  /** Follow the active notebook (and its kernel). */
+  private _follow(): void {
+    const session = this._tracker.currentWidget?.sessionContext ?? null;
+    if (session === this._session) {
+      return;
+    }
+    if (this._session) {
+      this._session.kernelChanged.disconnect(this._restart, this);
+      this._session.statusChanged.disconnect(this._onStatus, this);
+      this._session.iopubMessage.disconnect(this._onIopub, this);
+    }
+    this._session = session;
+    if (session) {
+      session.kernelChanged.connect(this._restart, this);
+      session.statusChanged.connect(this._onStatus, this);
+      session.iopubMessage.connect(this._onIopub, this);
+    }
+    this._restart();
+  }
+
+  /** Forget everything about the previous kernel and connect to the current one. */
+  private _restart(): void {
+    this._closeChannel();
+    this._snapshot = null;
+    this._history = [];
+    this._verdict = null;
+    this._version = '';
+    this._error = '';
+    this._free = { phase: 'idle', report: null, summary: '', rssBeforeBytes: null };
+    this._connect();
+  }
+
+  private _connect(): void {
+    const kernel = this._session?.session?.kernel ?? null;
+    if (this._channel && this._channel.kernel === kernel && !this._channel.isDisposed) {
+      return;
+    }
+    this._closeChannel();
+    if (!this._session) {
+      this._status = 'no-notebook';
+    } else if (!kernel || GONE.includes(kernel.status)) {
+      this._status = 'no-kernel';
+    } else {
+      try {
+        const channel = new KernelChannel(kernel);
+        channel.pushed.connect(this._onPush, this);
+        channel.ended.connect(this._onEnded, this);
+        channel.errors.connect((_, e) => {
+          this._error = e.error;
+          this._changed.emit();
+        });
+        this._channel = channel;
+        this._connectStartedMs = Date.now();
+        this._status = 'connecting';
+      } catch (error) {
+        this._status = 'no-kernel';
+        this._error = String(error);
+      }
+    }
+    this._changed.emit();
+  }
+
+  private _closeChannel(): void {
+    if (this._channel) {
+      this._channel.dispose();
+      this._channel = null;
+    }
+  }
+
+  private _onPush(channel: KernelChannel, message: Push): void {
+    if (channel !== this._channel) {
+      return;
+    }
+    switch (message.type) {
+      case 'state':
+        this._status = 'live';
+        this._version = message.kerasmagic_version;
+        this._live = message.live;
+        this._history = message.history.slice(-HISTORY_CELLS);
+        this._verdict = message.verdict;
+        this._setSnapshot(message.snapshot);
+        break;
+      case 'sample':
+        this._setSnapshot(message.snapshot);
+        break;
+      case 'cell':
+        this._history = [...this._history, message.cell].slice(-HISTORY_CELLS);
+        this._verdict = message.verdict;
+        this._setSnapshot(message.cell.end);
+        break;
+    }
+    this._changed.emit();
+  }
+
+  private _setSnapshot(snapshot: ISnapshot): void {
+    if (this._snapshot === null || snapshot.time_s >= this._snapshot.time_s) {
+      this._snapshot = snapshot;
+    }
+    this._lastUpdateMs = Date.now();
+  }
+
+  private _onEnded(channel: KernelChannel, why: ChannelEnd): void {
+    if (channel !== this._channel) {
+      return;
+    }
+    this._closeChannel();
+    this._status = 'not-loaded';
+    this._snapshot = null;
+    if (why === 'closed') {
+      this._history = [];
+      this._verdict = null;
+    }
+    this._changed.emit();
+  }
+
+  private _onStatus(_: ISessionContext, status: Kernel.Status): void {
+    if (GONE.includes(status)) {
+      this._closeChannel();
+      this._status = 'no-kernel';
+    } else if (status === 'idle' && this._status === 'no-kernel') {
+      this._restart();
+      return;
+    } else if (status === 'idle' && this._free.phase === 'queued') {
+      this._free = { ...this._free, phase: 'running' };
+    }
+    this._changed.emit();
+  }
+
+  /** After any execution (`%load_ext` in a cell, the load button) retry a refused kernel. */
+  private _onIopub(_: ISessionContext, msg: KM.IMessage): void {
+    if (
+      this._status === 'not-loaded' &&
+      KM.isStatusMsg(msg) &&
+      msg.content.execution_state === 'idle' &&
+      msg.parent_header !== undefined &&
+      'msg_type' in msg.parent_header &&
+      msg.parent_header.msg_type === 'execute_request'
+    ) {
+      this._connect();
+    }
+  }
+
+  /** Fill gaps: refresh a silent kernel, retry a connection that got no answer. */
+  private async _tick(): Promise<void> {
+    const channel = this._channel;
+    if (!channel || this.kernelStatus !== 'idle') {
+      return;
+    }
+    const now = Date.now();
+    if (this._status === 'connecting' && now - this._connectStartedMs > CONNECT_TIMEOUT_MS) {
+      this._closeChannel();
+      this._connect();
+    } else if (this._status === 'live' && now - this._lastUpdateMs > STALE_MS) {
+      try {
+        const reply = await channel.request('snapshot');
+        this._setSnapshot(reply.snapshot);
+        this._changed.emit();
+      } catch (error) {
+        // The channel ended; _onEnded has already updated the status.
+      }
+    }
+  }
+
+  private _tracker: INotebookTracker;
+  private _session: ISessionContext | null = null;
+  private _channel: KernelChannel | null = null;
+  private _poll: Poll;
+  private _status: Status = 'no-notebook';
+  private _version = '';
+  private _live = false;
+  private _snapshot: ISnapshot | null = null;
+  private _history: ICellRecord[] = [];
+  private _verdict: ILeakVerdict | null = null;
+  private _free: IFreeState = { phase: 'idle', report: null, summary: '', rssBeforeBytes: null };
+  private _error = '';
+  private _connectStartedMs = 0;
+  private _lastUpdateMs = 0;
+  private _disposed = false;
+  private _changed = new Signal<this, void>(this);
+}

@@ -1,0 +1,213 @@
+/**
+ * The kerasmagic sidebar protocol (docs/protocol.md): message types and a
+ * validator for what the kernel sends. Nothing here talks to a kernel.
+ */
+
+/** The comm target the kernel registers on `%load_ext kerasmagic`. */
+export const TARGET = 'kerasmagic';
+
+/** The protocol version this frontend speaks. */
+export const PROTOCOL = 1;
+
+export interface IRamInfo {
+  rss_bytes: number;
+  peak_rss_bytes: number | null;
+  total_bytes: number;
+  available_bytes: number;
+}
+
+export interface IGpuDevice {
+  cuda_index: number;
+  nvml_index: number | null;
+  uuid: string;
+  name: string;
+  total_bytes: number;
+  used_bytes: number;
+  process_used_bytes: number | null;
+}
+
+export interface IGpuInfo {
+  status: 'ok' | 'no_driver' | 'no_gpu' | 'hidden' | 'error';
+  message: string | null;
+  devices: IGpuDevice[];
+}
+
+export interface ITfDeviceMemory {
+  device: string;
+  current_bytes: number;
+  peak_bytes: number;
+}
+
+export interface ITfInfo {
+  imported: boolean;
+  initialized: boolean;
+  devices: ITfDeviceMemory[];
+}
+
+export interface IGraphInfo {
+  default_graph_ops: number | null;
+  custom_gradients: number | null;
+  functions: number | null;
+}
+
+export interface IKerasInfo {
+  imported: boolean;
+  name_counter: number | null;
+  live_models: number | null;
+}
+
+/** `MemorySnapshot.to_dict()` from kerasmagic/snapshot.py. */
+export interface ISnapshot {
+  version: number;
+  time_s: number;
+  pid: number;
+  ram: IRamInfo;
+  gpu: IGpuInfo;
+  tf: ITfInfo;
+  graph: IGraphInfo;
+  keras: IKerasInfo;
+}
+
+/** `CellRecord.to_dict()` from kerasmagic/live.py. */
+export interface ICellRecord {
+  execution_count: number;
+  started_s: number;
+  duration_s: number;
+  start: ISnapshot;
+  end: ISnapshot;
+  delta: { [key: string]: number | null };
+  peak_rss_bytes: number;
+  peak_gpu_bytes: number | null;
+  source_hash: string;
+}
+
+/** The leak detector's verdict. */
+export interface ILeakVerdict {
+  growing: boolean;
+  what: string;
+  message: string;
+}
+
+/** `CleanupReport.to_dict()` from kerasmagic/cleanup.py. */
+export interface ICleanupReport {
+  dropped: string[];
+  kept: string[];
+  not_freed: string[];
+  freed_bytes: number;
+  tf_freed_bytes: number | null;
+  elapsed_s: number;
+  notes: string[];
+}
+
+export interface IStateMessage {
+  protocol: number;
+  type: 'state';
+  kerasmagic_version: string;
+  pid: number;
+  live: boolean;
+  snapshot: ISnapshot;
+  history: ICellRecord[];
+  verdict: ILeakVerdict | null;
+}
+
+export interface ISampleMessage {
+  protocol: number;
+  type: 'sample';
+  snapshot: ISnapshot;
+}
+
+export interface ICellMessage {
+  protocol: number;
+  type: 'cell';
+  cell: ICellRecord;
+  verdict: ILeakVerdict | null;
+}
+
+export interface ISnapshotReply {
+  protocol: number;
+  type: 'reply';
+  id: string;
+  request: 'snapshot';
+  snapshot: ISnapshot;
+}
+
+export interface IHistoryReply {
+  protocol: number;
+  type: 'reply';
+  id: string;
+  request: 'history';
+  history: ICellRecord[];
+  verdict: ILeakVerdict | null;
+}
+
+export interface IFreeReply {
+  protocol: number;
+  type: 'reply';
+  id: string;
+  request: 'free_memory';
+  report: ICleanupReport;
+  summary: string;
+  snapshot: ISnapshot;
+}
+
+export interface IErrorMessage {
+  protocol: number;
+  type: 'error';
+  id: string | null;
+  error: string;
+}
+
+export type Reply = ISnapshotReply | IHistoryReply | IFreeReply;
+export type Push = IStateMessage | ISampleMessage | ICellMessage;
+export type KernelMessage = Push | Reply | IErrorMessage;
+export type RequestType = Reply['request'];
+export type ReplyFor<K extends RequestType> = Extract<Reply, { request: K }>;
+
+function isObject(value: unknown): value is { [key: string]: unknown } {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+/** Return whether `value` has the shape of a snapshot this frontend can show. */
+export function isSnapshot(value: unknown): value is ISnapshot {
+  return (
+    isObject(value) &&
+    typeof value.pid === 'number' &&
+    isObject(value.ram) &&
+    typeof value.ram.rss_bytes === 'number' &&
+    isObject(value.gpu) &&
+    Array.isArray(value.gpu.devices) &&
+    isObject(value.tf) &&
+    isObject(value.graph) &&
+    isObject(value.keras)
+  );
+}
+
+/**
+ * Return the message if it is one this frontend understands, else null.
+ * Checks the envelope and the snapshot fields the view reads.
+ */
+export function parseKernelMessage(data: unknown): KernelMessage | null {
+  if (!isObject(data) || data.protocol !== PROTOCOL) {
+    return null;
+  }
+  switch (data.type) {
+    case 'state':
+      return isSnapshot(data.snapshot) && Array.isArray(data.history)
+        ? (data as unknown as IStateMessage)
+        : null;
+    case 'sample':
+      return isSnapshot(data.snapshot) ? (data as unknown as ISampleMessage) : null;
+    case 'cell':
+      return isObject(data.cell) && isSnapshot(data.cell.end)
+        ? (data as unknown as ICellMessage)
+        : null;
+    case 'reply':
+      return typeof data.id === 'string' && typeof data.request === 'string'
+        ? (data as unknown as Reply)
+        : null;
+    case 'error':
+      return typeof data.error === 'string' ? (data as unknown as IErrorMessage) : null;
+    default:
+      return null;
+  }
+}

@@ -1,0 +1,293 @@
+/**
+ * The views: the sidebar panel and the status-bar item. They only read the
+ * model and call its actions; every figure on screen carries `data-km`
+ * attributes with raw bytes so tests and users can read exact values.
+ */
+import { Widget } from '@lumino/widgets';
+
+import { formatBytes, formatDelta, percent } from './format';
+import { IFreeState, MemoryModel, gpuUsedBytes } from './model';
+import { ICellRecord, IGpuDevice, ISnapshot } from './protocol';
+
+type Child = Node | string | null;
+
+/** Create an element with attributes and children (text is always text, never HTML). */
+function h(tag: string, attrs: { [key: string]: string } = {}, ...children: Child[]): HTMLElement {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    el.setAttribute(key, value);
+  }
+  for (const child of children) {
+    if (child !== null) {
+      el.append(child);
+    }
+  }
+  return el;
+}
+
+const SVG = 'http://www.w3.org/2000/svg';
+
+function svg(tag: string, attrs: { [key: string]: string | number }): SVGElement {
+  const el = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    el.setAttribute(key, String(value));
+  }
+  return el;
+}
+
+/** A bar: this kernel's share, other processes, free; with an optional peak tick. */
+function gauge(
+  key: string,
+  label: string,
+  mine: number,
+  others: number,
+  total: number,
+  note: string,
+  peak: number | null = null
+): HTMLElement {
+  const bar = h(
+    'div',
+    { class: 'jp-kerasmagic-bar' },
+    h('div', { class: 'jp-kerasmagic-fill-mine', style: `width:${percent(mine, total)}%` }),
+    h('div', { class: 'jp-kerasmagic-fill-others', style: `width:${percent(others, total)}%` })
+  );
+  if (peak !== null && peak > mine) {
+    bar.append(h('div', { class: 'jp-kerasmagic-peak', style: `left:${percent(peak, total)}%` }));
+  }
+  return h(
+    'div',
+    { class: 'jp-kerasmagic-gauge', 'data-km': key, 'data-bytes': String(mine) },
+    h(
+      'div',
+      { class: 'jp-kerasmagic-gauge-label' },
+      h('span', {}, label),
+      h('span', { class: 'jp-kerasmagic-value' }, `${formatBytes(mine)} / ${formatBytes(total)}`)
+    ),
+    bar,
+    h('div', { class: 'jp-kerasmagic-note' }, note)
+  );
+}
+
+function ramGauge(s: ISnapshot): HTMLElement {
+  const used = s.ram.total_bytes - s.ram.available_bytes;
+  const peak = s.ram.peak_rss_bytes;
+  const note = `this kernel; ${formatBytes(s.ram.available_bytes)} of host RAM free` +
+    (peak !== null ? `; peak ${formatBytes(peak)}` : '');
+  return gauge('rss', 'RSS (host RAM)', s.ram.rss_bytes, Math.max(0, used - s.ram.rss_bytes),
+    s.ram.total_bytes, note, peak);
+}
+
+function gpuGauge(d: IGpuDevice): HTMLElement {
+  const mine = d.process_used_bytes;
+  const note = mine === null
+    ? `all processes (this kernel's share unknown); ${formatBytes(d.total_bytes - d.used_bytes)} free`
+    : `this kernel; all processes ${formatBytes(d.used_bytes)}; ${formatBytes(d.total_bytes - d.used_bytes)} free`;
+  return gauge(`gpu-${d.cuda_index}`, `GPU ${d.cuda_index} · ${d.name}`, mine ?? d.used_bytes,
+    mine === null ? 0 : Math.max(0, d.used_bytes - mine), d.total_bytes, note);
+}
+
+function tfLines(s: ISnapshot): HTMLElement {
+  const tf = s.tf;
+  let text: string;
+  if (!tf.imported) {
+    text = 'TensorFlow not imported';
+  } else if (!tf.initialized) {
+    text = 'TensorFlow runtime not started (no GPU memory taken)';
+  } else if (tf.devices.length === 0) {
+    text = 'TensorFlow on CPU only (no GPU allocator)';
+  } else {
+    text = tf.devices
+      .map(d => `${d.device}: in use ${formatBytes(d.current_bytes)}, peak ${formatBytes(d.peak_bytes)}`)
+      .join('; ');
+  }
+  return h('div', { class: 'jp-kerasmagic-line', 'data-km': 'tf' }, h('b', {}, 'TF allocator '), text);
+}
+
+function fact(key: string, label: string, value: number | null): HTMLElement {
+  return h(
+    'div',
+    { class: 'jp-kerasmagic-fact', 'data-km': key },
+    h('span', { class: 'jp-kerasmagic-fact-value' }, value === null ? '–' : String(value)),
+    h('span', { class: 'jp-kerasmagic-fact-label' }, label)
+  );
+}
+
+/** Bars of each recent cell's end figure with its in-cell peak as a tick. */
+function historyChart(cells: ReadonlyArray<ICellRecord>, useGpu: boolean): HTMLElement {
+  const shown = cells.slice(-20);
+  const endOf = (c: ICellRecord): number =>
+    (useGpu ? gpuUsedBytes(c.end) : c.end.ram.rss_bytes) ?? 0;
+  const peakOf = (c: ICellRecord): number =>
+    Math.max(endOf(c), (useGpu ? c.peak_gpu_bytes : c.peak_rss_bytes) ?? 0);
+  const top = Math.max(1, ...shown.map(peakOf));
+  const width = 240;
+  const height = 60;
+  const step = width / 20;
+  const chart = svg('svg', { viewBox: `0 0 ${width} ${height}`, class: 'jp-kerasmagic-chart' });
+  shown.forEach((c, i) => {
+    const x = i * step + 1;
+    const barHeight = (endOf(c) / top) * (height - 2);
+    const bar = svg('rect', {
+      x,
+      y: height - barHeight,
+      width: step - 2,
+      height: barHeight,
+      class: c.delta.rss_bytes !== null && (c.delta.rss_bytes ?? 0) > 0 ? 'jp-kerasmagic-up' : 'jp-kerasmagic-down'
+    });
+    const title = svg('title', {});
+    title.textContent =
+      `[${c.execution_count}] ${formatBytes(endOf(c))} after, peak ${formatBytes(peakOf(c))}, ` +
+      `${formatDelta((useGpu ? c.delta.gpu_used_bytes : c.delta.rss_bytes) ?? null)} in ${c.duration_s.toFixed(1)} s`;
+    bar.append(title);
+    chart.append(bar);
+    const peakY = height - (peakOf(c) / top) * (height - 2);
+    chart.append(svg('line', { x1: x, x2: x + step - 2, y1: peakY, y2: peakY, class: 'jp-kerasmagic-peak-line' }));
+  });
+  const what = useGpu ? 'VRAM' : 'RSS';
+  return h(
+    'div',
+    { class: 'jp-kerasmagic-history', 'data-km': 'history', 'data-cells': String(cells.length) },
+    h('div', { class: 'jp-kerasmagic-section-title' }, `${what} after each of the last ${shown.length} cells (tick: peak)`),
+    shown.length ? chart : h('div', { class: 'jp-kerasmagic-note' }, 'No cells recorded yet.')
+  );
+}
+
+function freeText(free: IFreeState, snapshot: ISnapshot | null): string {
+  switch (free.phase) {
+    case 'idle':
+      return '';
+    case 'queued':
+      return 'Queued: runs when the current cell finishes…';
+    case 'running':
+      return 'Freeing memory…';
+    case 'failed':
+      return `Failed: ${free.summary}`;
+    case 'done': {
+      const report = free.report;
+      if (report === null) {
+        return free.summary;
+      }
+      const fell = free.rssBeforeBytes !== null && snapshot !== null
+        ? `; RSS ${formatBytes(free.rssBeforeBytes)} → ${formatBytes(snapshot.ram.rss_bytes)}`
+        : '';
+      const dropped = report.dropped.length ? report.dropped.join(', ') : 'nothing';
+      return `Freed ${(report.freed_bytes / 2 ** 20).toFixed(1)} MB${fell}. Dropped: ${dropped}. ` +
+        (report.kept.length ? `Still alive under a name: ${report.kept.join(', ')}.` : '');
+    }
+  }
+}
+
+const MESSAGES: { [status: string]: string } = {
+  'no-notebook': 'Open a notebook to see its kernel’s memory.',
+  'no-kernel': 'This notebook has no running kernel.',
+  connecting: 'Connecting to the kernel…',
+  'not-loaded': 'kerasmagic is not loaded in this kernel, so there is nothing to measure.'
+};
+
+/** The sidebar panel. */
+export class MemoryPanel extends Widget {
+  constructor(model: MemoryModel) {
+    super();
+    this._model = model;
+    this.addClass('jp-kerasmagic-panel');
+    this._loadButton = h('button', { class: 'jp-mod-styled jp-mod-accept', 'data-km': 'load' },
+      'Load kerasmagic') as HTMLButtonElement;
+    this._loadButton.addEventListener('click', () => void this._model.loadExtension());
+    this._freeButton = h('button', { class: 'jp-mod-styled jp-mod-warn', 'data-km': 'free' },
+      'Free memory') as HTMLButtonElement;
+    this._freeButton.title =
+      'Run kerasmagic.reset() in the kernel: drop models held only by Out[], tracebacks and ' +
+      'callbacks, reset Keras/TF state, collect. Never drops a model you keep under a name.';
+    this._freeButton.addEventListener('click', () => void this._model.freeMemory());
+    this.node.append(
+      this._header,
+      h('div', { class: 'jp-kerasmagic-message' }, this._message, this._loadButton),
+      this._body,
+      h('div', { class: 'jp-kerasmagic-actions' }, this._freeButton, this._freeResult)
+    );
+    model.changed.connect(this._render, this);
+    this._render();
+  }
+
+  private _render(): void {
+    const m = this._model;
+    const s = m.snapshot;
+    this.node.dataset.status = m.status;
+    this._header.replaceChildren(
+      h('div', { class: 'jp-kerasmagic-title' }, 'Kernel memory'),
+      h('div', { class: 'jp-kerasmagic-subtitle', 'data-km': 'kernel', 'data-pid': s ? String(s.pid) : '' },
+        [m.notebookPath || 'no notebook', m.kernelName, s ? `pid ${s.pid}` : '',
+          m.kernelStatus ?? '', m.kerasmagicVersion ? `kerasmagic ${m.kerasmagicVersion}` : '']
+          .filter(Boolean).join(' · '))
+    );
+    const message = m.status === 'live' ? '' : MESSAGES[m.status];
+    this._message.textContent = [message, m.error].filter(Boolean).join(' ');
+    this._message.parentElement!.hidden = !message && !m.error;
+    this._loadButton.hidden = m.status !== 'not-loaded';
+    this._freeButton.disabled = m.status !== 'live' || m.free.phase === 'queued' || m.free.phase === 'running';
+    this._freeButton.hidden = m.status !== 'live';
+    this._freeResult.textContent = freeText(m.free, s);
+    this._freeResult.dataset.phase = m.free.phase;
+    this._freeResult.dataset.freedBytes = String(m.free.report?.freed_bytes ?? '');
+    if (s === null || m.status !== 'live') {
+      this._body.replaceChildren();
+      return;
+    }
+    const gpus = s.gpu.devices;
+    const verdict = m.verdict;
+    this._body.replaceChildren(
+      ramGauge(s),
+      ...(gpus.length ? gpus.map(gpuGauge)
+        : [h('div', { class: 'jp-kerasmagic-line', 'data-km': 'gpu' }, h('b', {}, 'GPU '), s.gpu.message ?? s.gpu.status)]),
+      tfLines(s),
+      h('div', { class: 'jp-kerasmagic-facts' },
+        fact('live-models', 'live Keras models', s.keras.live_models),
+        fact('graph-ops', 'default-graph ops', s.graph.default_graph_ops),
+        fact('custom-gradients', 'custom gradients', s.graph.custom_gradients),
+        fact('functions', 'tf.functions', s.graph.functions)),
+      historyChart(m.history, gpus.length > 0),
+      verdict?.growing
+        ? h('div', { class: 'jp-kerasmagic-leak', 'data-km': 'leak' }, h('b', {}, '⚠ Memory keeps growing. '), verdict.message)
+        : h('div', { class: 'jp-kerasmagic-note', 'data-km': 'no-leak' },
+          m.live ? 'No growth across re-runs detected.' : 'Live monitor off: figures update after each cell.')
+    );
+  }
+
+  private _model: MemoryModel;
+  private _header = h('div', { class: 'jp-kerasmagic-header' });
+  private _message = h('span', {});
+  private _body = h('div', { class: 'jp-kerasmagic-body' });
+  private _loadButton: HTMLButtonElement;
+  private _freeButton: HTMLButtonElement;
+  private _freeResult = h('div', { class: 'jp-kerasmagic-free-result', 'data-km': 'free-result' });
+}
+
+/** The status-bar item: the kernel's VRAM, or its RSS without a GPU. */
+export class MemoryStatus extends Widget {
+  constructor(model: MemoryModel, onClick: () => void) {
+    super();
+    this._model = model;
+    this.addClass('jp-kerasmagic-status');
+    this.node.dataset.km = 'status';
+    this.node.title = 'Kernel memory (kerasmagic): click for details';
+    this.node.addEventListener('click', onClick);
+    model.changed.connect(this._render, this);
+    this._render();
+  }
+
+  private _render(): void {
+    const m = this._model;
+    const s = m.status === 'live' ? m.snapshot : null;
+    if (s === null) {
+      this.node.textContent = m.status === 'not-loaded' ? 'Mem: –' : '';
+      this.node.dataset.bytes = '';
+      return;
+    }
+    const vram = gpuUsedBytes(s);
+    const [label, bytes] = vram === null ? ['RSS', s.ram.rss_bytes] : ['VRAM', vram];
+    this.node.textContent = `${label} ${formatBytes(bytes)}`;
+    this.node.dataset.bytes = String(bytes);
+  }
+
+  private _model: MemoryModel;
+}

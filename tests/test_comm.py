@@ -1,0 +1,228 @@
+"""The sidebar protocol, kernel side, through the real ``comm`` package's manager and comm class.
+
+``comm.create_comm``/``comm.get_comm_manager`` are the seams the ``comm`` package exists for
+(ipykernel replaces them the same way); here they give a fresh manager and a comm that records
+what it would publish on iopub instead of needing a kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import comm
+import pytest
+from comm.base_comm import BaseComm, CommManager
+from conftest import run
+from IPython.core.interactiveshell import InteractiveShell
+from tornado.ioloop import IOLoop
+
+from kerasmagic.comm import MAX_ID_CHARS, MIN_PUSH_INTERVAL_S, PROTOCOL, TARGET
+from kerasmagic.live import get_monitor
+from kerasmagic.snapshot import SCHEMA_VERSION, MemorySnapshot
+
+
+class RecordingComm(BaseComm):
+    """A real ``BaseComm`` whose iopub side is a list."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.published: list[tuple[str, Any]] = []
+        super().__init__(**kwargs)
+
+    def publish_msg(self, msg_type: str, data: Any = None, **keys: Any) -> None:
+        json.dumps(data)  # everything on the wire must be JSON
+        self.published.append((msg_type, data))
+
+    def sent(self, *types: str) -> list[dict[str, Any]]:
+        """Return the comm_msg payloads of the given message types, oldest first."""
+        return [d for kind, d in self.published if kind == "comm_msg" and d["type"] in types]
+
+
+class Manager(CommManager):
+    """The ``comm`` package's manager, remembering every comm it created."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created: list[RecordingComm] = []
+
+    def create(self, **kwargs: Any) -> RecordingComm:
+        self.created.append(RecordingComm(**kwargs))
+        return self.created[-1]
+
+
+@pytest.fixture
+def manager(monkeypatch: pytest.MonkeyPatch) -> Manager:
+    fresh = Manager()
+    monkeypatch.setattr(comm, "get_comm_manager", lambda: fresh)
+    monkeypatch.setattr(comm, "create_comm", fresh.create)
+    return fresh
+
+
+@pytest.fixture
+def shell(manager: Manager, ip: InteractiveShell) -> InteractiveShell:
+    """``ip`` loaded after the comm seams are in place: request ``sidebar`` before ``kip``."""
+    return ip
+
+
+def open_comm(manager: Manager, data: Any, comm_id: str = "c1") -> RecordingComm:
+    """Open a comm as a frontend would; return the kernel's end (closed if refused)."""
+    content = {"comm_id": comm_id, "target_name": TARGET, "data": data}
+    manager.comm_open(None, "", {"content": content})  # type: ignore[arg-type]
+    return manager.created[-1]
+
+
+def send(manager: Manager, data: Any, comm_id: str = "c1") -> None:
+    manager.comm_msg(None, "", {"content": {"comm_id": comm_id, "data": data}})  # type: ignore[arg-type]
+
+
+HELLO = {"protocol": PROTOCOL, "type": "hello"}
+
+
+@pytest.fixture
+def sidebar(shell: InteractiveShell, manager: Manager) -> Iterator[RecordingComm]:
+    yield open_comm(manager, HELLO)
+
+
+def test_hello_gets_the_state_of_this_kernel(sidebar: RecordingComm) -> None:
+    (state,) = sidebar.sent("state")
+    assert state["protocol"] == PROTOCOL
+    assert state["pid"] == os.getpid()
+    assert state["live"] is True
+    assert state["snapshot"]["version"] == SCHEMA_VERSION
+    assert MemorySnapshot.from_dict(state["snapshot"]).pid == os.getpid()
+    assert state["verdict"]["growing"] is False
+
+
+def test_snapshot_and_history_requests_echo_the_id(
+    shell: InteractiveShell, manager: Manager, sidebar: RecordingComm
+) -> None:
+    run(shell, "blob = bytearray(30 * 2**20)")
+    cells = sidebar.sent("cell")
+    assert cells, "the post-cell record must be pushed to open sidebars"
+    assert cells[-1]["cell"]["delta"]["rss_bytes"] > 20 * 2**20
+    send(manager, {"protocol": 1, "type": "snapshot", "id": "s-1"})
+    send(manager, {"protocol": 1, "type": "history", "id": "h-1"})
+    snap, hist = sidebar.sent("reply")
+    assert (snap["id"], snap["request"]) == ("s-1", "snapshot")
+    assert snap["snapshot"]["pid"] == os.getpid()
+    assert (hist["id"], hist["request"]) == ("h-1", "history")
+    assert hist["history"][-1]["execution_count"] == cells[-1]["cell"]["execution_count"]
+
+
+def test_samples_are_pushed_and_throttled(shell: InteractiveShell, sidebar: RecordingComm) -> None:
+    monitor = get_monitor(shell)
+    assert monitor is not None
+    run(shell, "x = 1")  # the monitor samples on top of its last cell snapshot
+    time.sleep(MIN_PUSH_INTERVAL_S)
+    before = len(sidebar.sent("sample"))
+    monitor.sampler.sample_once()
+    monitor.sampler.sample_once()  # within MIN_PUSH_INTERVAL_S of the first: dropped
+    samples = sidebar.sent("sample")
+    assert 1 <= len(samples) - before <= 2  # the sampler thread may have pushed one too
+    assert samples[-1]["snapshot"]["pid"] == os.getpid()
+
+
+INVALID = [
+    pytest.param("free_memory", None, id="not-an-object"),
+    pytest.param({"protocol": 1, "type": "exec", "id": "x"}, "x", id="unknown-type"),
+    pytest.param({"protocol": 1, "type": "hello", "id": "x"}, "x", id="hello-after-open"),
+    pytest.param(
+        {"protocol": 1, "type": "free_memory", "id": "x", "code": "import os"}, "x", id="extra"
+    ),
+    pytest.param({"protocol": 2, "type": "free_memory", "id": "x"}, "x", id="future-protocol"),
+    pytest.param({"protocol": True, "type": "free_memory", "id": "x"}, "x", id="bool-protocol"),
+    pytest.param({"protocol": 1, "type": "free_memory"}, None, id="no-id"),
+    pytest.param({"protocol": 1, "type": "snapshot", "id": 7}, None, id="int-id"),
+    pytest.param(
+        {"protocol": 1, "type": "snapshot", "id": "x" * (MAX_ID_CHARS + 1)}, None, id="long-id"
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "echoed_id"), INVALID)
+def test_invalid_requests_get_an_error_and_change_nothing(
+    manager: Manager,
+    sidebar: RecordingComm,
+    kip: InteractiveShell,
+    data: Any,
+    echoed_id: str | None,
+) -> None:
+    run(kip, "kept = build()\nbuild()")  # Out[] holds a stale model a cleanup would drop
+    names = set(kip.user_ns)
+    out_cache = dict(kip.user_ns["Out"])
+    send(manager, data)
+    (error,) = sidebar.sent("error", "reply")
+    assert error["type"] == "error"
+    assert error["id"] == echoed_id
+    assert error["error"]
+    assert set(kip.user_ns) == names
+    assert dict(kip.user_ns["Out"]) == out_cache
+    assert "c1" in manager.comms  # the comm stays open
+
+
+def test_free_memory_drops_hidden_holders_and_keeps_named_models(
+    manager: Manager, sidebar: RecordingComm, kip: InteractiveShell
+) -> None:
+    run(kip, "kept = build()")
+    run(kip, "build()")  # only Out[] holds this one
+    send(manager, {"protocol": 1, "type": "free_memory", "id": "f-1"})
+    (reply,) = sidebar.sent("reply")
+    assert (reply["id"], reply["request"]) == ("f-1", "free_memory")
+    report = reply["report"]
+    assert any(d.startswith("Out[") for d in report["dropped"])
+    assert "kept" in report["kept"]
+    assert not any("kept" in d for d in report["dropped"])
+    assert kip.user_ns["kept"] is not None
+    assert reply["summary"].startswith("freed ")
+    assert reply["snapshot"]["pid"] == os.getpid()
+
+
+def test_free_memory_from_another_thread_waits_for_the_main_thread(
+    shell: InteractiveShell, manager: Manager, sidebar: RecordingComm
+) -> None:
+    loop = IOLoop(make_current=False)
+    shell.kernel = SimpleNamespace(io_loop=loop)  # what ipykernel's shell has
+    try:
+        worker = threading.Thread(
+            target=send, args=(manager, {"protocol": 1, "type": "free_memory", "id": "t"})
+        )
+        worker.start()
+        worker.join()
+        assert sidebar.sent("reply") == []  # queued, not run on the comm's thread
+        loop.run_sync(lambda: asyncio.sleep(0.05))
+        (reply,) = sidebar.sent("reply")
+        assert reply["id"] == "t"
+    finally:
+        del shell.kernel
+        loop.close()
+
+
+def test_bad_hello_is_refused_and_closed(shell: InteractiveShell, manager: Manager) -> None:
+    refused = open_comm(manager, {"protocol": 99, "type": "hello"}, comm_id="bad")
+    (error,) = refused.sent("error")
+    assert "protocol 99" in error["error"]
+    assert refused.published[-1][0] == "comm_close"
+    assert "bad" not in manager.comms
+
+
+def test_without_kerasmagic_the_open_is_refused(manager: Manager) -> None:
+    """The frontend reads an immediate comm_close as "kerasmagic is not loaded"."""
+    refused = open_comm(manager, HELLO, comm_id="nobody")
+    assert [kind for kind, _ in refused.published] == ["comm_close"]
+    assert "nobody" not in manager.comms
+
+
+def test_unload_closes_open_sidebars(
+    shell: InteractiveShell, manager: Manager, sidebar: RecordingComm
+) -> None:
+    shell.run_line_magic("unload_ext", "kerasmagic")
+    assert sidebar.published[-1][0] == "comm_close"
+    assert TARGET not in manager.targets
+    shell.run_line_magic("load_ext", "kerasmagic")  # the fixture unloads it again
+    assert TARGET in manager.targets
