@@ -56,9 +56,10 @@ class Shown:
 
 
 def error_info(exc: BaseException) -> ErrorInfo:
-    """Return ``exc`` as text, without the frames of this module."""
+    """Return ``exc`` as text, without the leading frames of this package."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    here = os.path.dirname(__file__)
+    while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == here:
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     return type(exc).__qualname__, str(exc), text

@@ -9,6 +9,8 @@ Ray's own log forwarding (``log_to_driver``), prefixed with the worker's pid.
 from __future__ import annotations
 
 import os
+import site
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +38,25 @@ def _trial(blob: bytes, env: dict[str, str]) -> tuple[int, bytes]:
         kind, message, _ = error_info(exc)
         text = f"{kind}: the result could not be sent back: {message}\n"
         return os.getpid(), transport.dumps(("error", (kind, message, text)))
+
+
+def _pickled(fn: Callable[..., Any], calls: Sequence[Call]) -> list[bytes]:
+    """Pickle each call; ``fn``'s module by value when it is a local file, not an installed one.
+
+    Workers import installed packages, but not the notebook's or the tests' own modules.
+    """
+    import cloudpickle
+
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    path = getattr(module, "__file__", None) or ""
+    installed = not path or any(path.startswith(p) for p in (*site.getsitepackages(), sys.prefix))
+    if module is None or installed or module.__name__ == "__main__":
+        return [cloudpickle.dumps((fn, args, kwargs)) for args, kwargs in calls]
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        return [cloudpickle.dumps((fn, args, kwargs)) for args, kwargs in calls]
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
 
 
 def connect(on: str) -> Any:
@@ -83,12 +104,10 @@ def ray_sweep(
     progress: bool = False,
 ) -> list[Trial]:
     """Run every call on Ray, at most ``workers`` at once; trials in submission order."""
-    import cloudpickle
-
     ray = connect(on)
     env = isolation_env("" if gpus == 0 else None)  # num_gpus=0 leaves CUDA_VISIBLE_DEVICES unset
     remote = ray.remote(max_calls=1, max_retries=0, num_cpus=1, num_gpus=gpus)(_trial)
-    blobs = [cloudpickle.dumps((fn, args, kwargs)) for args, kwargs in calls]
+    blobs = _pickled(fn, calls)
     limit = workers or _capacity(ray, gpus)
     configs = list(configs) if configs is not None else [args for args, _ in calls]
     show = Progress(len(calls), progress, newline=True)
