@@ -107,14 +107,6 @@ def _ipython_shell() -> Any | None:
     return None if ipython is None else ipython.get_ipython()
 
 
-def _clear_displayhook(shell: Any, dropped: Iterable[str]) -> None:
-    """IPython's display hook keeps its own ``_``/``__``/``___``: forget those we cleared."""
-    hook = getattr(shell, "displayhook", None)
-    for name in set(dropped) & {"_", "__", "___"}:
-        if hook is not None and hasattr(hook, name):
-            setattr(hook, name, "")
-
-
 def reset(
     namespace: MutableMapping[str, Any] | None = None,
     *,
@@ -137,8 +129,8 @@ def reset(
     ns: MutableMapping[str, Any] = (
         namespace if namespace is not None else getattr(shell, "user_ns", {})
     )
-    plan = plan_cleanup(ns, rebinding=rebinding, keep=keep, drop_all=drop_all)
-    dropped = tuple(desc for desc, _ in plan.actions)
+    plan = plan_cleanup(ns, rebinding=rebinding, keep=keep, drop_all=drop_all, shell=shell)
+    dropped = tuple(desc for desc, _ in plan.actions if not desc.startswith("displayhook."))
     kept = tuple(path for path, _ in plan.kept.values())
     if dry_run:
         return CleanupReport(dropped, kept, (), 0, None, None, time.perf_counter() - start, True)
@@ -146,8 +138,6 @@ def reset(
     watched = [(path, weakref.ref(model)) for path, model in plan.stale.values()]
     for _, act in plan.actions:
         act()
-    if shell is not None:
-        _clear_displayhook(shell, dropped)
     del plan
     notes = _reset_tensorflow(patch_stack_traces)
     purge = purge_custom_gradients() if "tensorflow" in sys.modules else None
@@ -183,6 +173,9 @@ def _reset_tensorflow(patch_stack_traces: bool) -> list[str]:
 def _survivors(
     watched: list[tuple[str, weakref.ref[Any]]], ns: MutableMapping[str, Any]
 ) -> tuple[str, ...]:
+    if not any(ref() is not None for _, ref in watched):
+        return ()
+    gc.collect()  # objects freed by the first pass can release others (finalizers, weakrefs)
     alive = [(path, ref()) for path, ref in watched if ref() is not None]
     if not alive:
         return ()

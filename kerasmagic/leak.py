@@ -7,7 +7,7 @@ carries most of that growth (one big allocation is not a leak).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +15,7 @@ from traitlets import Float, Int
 from traitlets.config import Configurable
 
 if TYPE_CHECKING:
-    from kerasmagic.live import CellRecord
+    from kerasmagic.record import CellRecord
 
 REMEDY = (
     "Run the cell under %%fresh_model (frees stale models, TF's gradient registry and Keras "
@@ -76,16 +76,28 @@ class LeakDetector(Configurable):
         4, help="Judge only cells run among the last `window` cells (fixed cells stop warning)."
     ).tag(config=True)
 
-    def judge(self, history: Sequence[CellRecord]) -> LeakVerdict:
-        """Return the first growing verdict among recently run cells, newest first."""
+    def judge(
+        self,
+        history: Sequence[CellRecord],
+        runs_of: Mapping[str, Sequence[CellRecord]] | None = None,
+    ) -> LeakVerdict:
+        """Return the first growing verdict among recently run cells, newest first.
+
+        ``runs_of`` maps a source hash to that cell's latest runs (the monitor keeps this index
+        so a long history is not scanned per cell); without it the history is scanned.
+        """
         seen: set[str] = set()
         for record in reversed(history[-max(1, self.window) :]):
             key = record.source_hash
             if not key or key in seen:
                 continue
             seen.add(key)
-            runs = [r for r in history if r.source_hash == key][-self.min_runs :]
-            verdict = self.judge_runs(runs)
+            runs = (
+                runs_of[key]
+                if runs_of is not None and key in runs_of
+                else [r for r in history if r.source_hash == key]
+            )
+            verdict = self.judge_runs(list(runs)[-self.min_runs :])
             if verdict.growing:
                 return verdict
         return STABLE

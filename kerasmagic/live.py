@@ -9,51 +9,26 @@ counter is thread-local to the main thread) and never touches user objects.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from traitlets import Float, Int
 from traitlets.config import Configurable
 
 from kerasmagic.leak import STABLE, LeakDetector, LeakVerdict
+from kerasmagic.probes import read_ram
+from kerasmagic.record import CellRecord, rusage_peak, source_hash
 from kerasmagic.sampler import Sampler
-from kerasmagic.snapshot import MemorySnapshot, SnapshotDelta, diff, take_snapshot
+from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
 
 log = logging.getLogger(__name__)
 Subscriber = Callable[[str, Any], None]
-
-
-@dataclass(frozen=True)
-class CellRecord:
-    """One executed cell: its snapshots at start and end, their delta, and in-cell peaks."""
-
-    execution_count: int
-    started_s: float
-    duration_s: float
-    start: MemorySnapshot
-    end: MemorySnapshot
-    delta: SnapshotDelta
-    peak_rss_bytes: int
-    peak_gpu_bytes: int | None
-    source_hash: str = ""  # same cell source -> same hash; the leak detector groups by it
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a plain dict that ``json.dumps`` accepts."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["start"], out["end"] = self.start.to_dict(), self.end.to_dict()
-        out["delta"] = self.delta.to_dict()
-        return out
-
-
-def source_hash(source: str) -> str:
-    """Return a short stable hash of a cell's source (whitespace at the ends ignored)."""
-    return hashlib.blake2b(source.strip().encode(), digest_size=8).hexdigest()
+RUNS_KEPT = 32  # per cell source, for the leak detector (more than any sane min_runs)
+MAX_SOURCES = 512
 
 
 class LiveMonitor(Configurable):
@@ -76,6 +51,7 @@ class LiveMonitor(Configurable):
         self._latest: MemorySnapshot | None = None
         self._start: tuple[MemorySnapshot, str] | None = None
         self._verdict = STABLE
+        self._runs_of: dict[str, deque[CellRecord]] = {}  # source hash -> its latest runs
         self.detector = LeakDetector(parent=self)
         self.sampler = Sampler(self.interval_s, self.idle_interval_s, self._on_sample)
 
@@ -108,10 +84,21 @@ class LiveMonitor(Configurable):
     # -- IPython events (main thread) ------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
         """Take the cell's start snapshot and reset the in-cell peaks."""
-        snap = take_snapshot(self._shell.user_ns, functions=False)
+        snap = self._start_snapshot()
         self._start = (snap, source_hash(getattr(info, "raw_cell", "") or ""))
         self._latest = snap
         self.sampler.cell_started(snap.ram.rss_bytes, snap.gpu_used_bytes)
+
+    def _start_snapshot(self) -> MemorySnapshot:
+        """Return the state at a cell's start: fresh RSS, the rest from the newest snapshot.
+
+        No user code runs between cells, so GPU, graph and Keras figures of the last cell's end
+        (or of a newer sample) still hold; re-reading only RSS halves the hook's cost.
+        """
+        latest = self._latest
+        if latest is None:
+            return take_snapshot(self._shell.user_ns, functions=False)
+        return dataclasses.replace(latest, time_s=time.time(), ram=read_ram())
 
     def post_run_cell(self, result: Any) -> None:
         """Record the cell, judge the history, and tell subscribers."""
@@ -121,7 +108,7 @@ class LiveMonitor(Configurable):
         self._start = None
         end = take_snapshot(self._shell.user_ns, functions=False)
         peak_rss, peak_gpu = self.sampler.cell_finished(end.ram.rss_bytes, end.gpu_used_bytes)
-        peak_rss = max(peak_rss, _rusage_peak(start, end))
+        peak_rss = max(peak_rss, rusage_peak(start, end))
         count = getattr(result, "execution_count", None)
         record = CellRecord(
             execution_count=int(count if count is not None else self._shell.execution_count),
@@ -137,8 +124,13 @@ class LiveMonitor(Configurable):
         with self._lock:
             self._history.append(record)
             history = list(self._history)
+        runs = self._runs_of.pop(key, None) or deque(maxlen=RUNS_KEPT)
+        runs.append(record)
+        self._runs_of[key] = runs  # most recently run last
+        if len(self._runs_of) > MAX_SOURCES:
+            del self._runs_of[next(iter(self._runs_of))]  # the least recently run cell
         self._latest = end
-        self._verdict = self.detector.judge(history)
+        self._verdict = self.detector.judge(history, self._runs_of)
         self._emit("cell", record)
 
     # -- sampler thread ----------------------------------------------------------------------
@@ -168,12 +160,6 @@ class LiveMonitor(Configurable):
         self.sampler.stop()
         with self._lock:
             self._subscribers.clear()
-
-
-def _rusage_peak(start: MemorySnapshot, end: MemorySnapshot) -> int:
-    """Return the process's peak RSS if it reached a new all-time high during the cell, else 0."""
-    before, after = start.ram.peak_rss_bytes, end.ram.peak_rss_bytes
-    return after if before is not None and after is not None and after > before else 0
 
 
 _monitors: dict[int, LiveMonitor] = {}
@@ -217,3 +203,16 @@ def unload(shell: Any) -> None:
         except ValueError:
             log.debug("kerasmagic: %s hook already removed", event)
     monitor.stop()
+
+
+__all__ = [
+    "CellRecord",
+    "LeakVerdict",
+    "LiveMonitor",
+    "MemorySnapshot",
+    "get_monitor",
+    "history",
+    "load",
+    "source_hash",
+    "unload",
+]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from kerasmagic.probes import GpuInfo, RamInfo, TfInfo, read_gpus, read_ram, read_tf
@@ -33,7 +34,6 @@ class Sampler:
         self.interval_s = interval_s
         self.idle_interval_s = idle_interval_s
         self._on_sample = on_sample
-        self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._running_cell = False
@@ -63,17 +63,15 @@ class Sampler:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the thread and wait for it."""
         self._stop.set()
-        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
         self._thread = None
 
     def cell_started(self, rss_bytes: int, gpu_bytes: int | None) -> None:
-        """Reset the peaks to the cell's start values and sample at the fast rate."""
+        """Reset the peaks to the cell's start values; samples come every tick until it ends."""
         with self._lock:
             self._running_cell = True
             self._peak_rss, self._peak_gpu = rss_bytes, gpu_bytes
-        self._wake.set()
 
     def cell_finished(self, rss_bytes: int, gpu_bytes: int | None) -> tuple[int, int | None]:
         """Return the cell's peak RSS and GPU bytes (including the end values)."""
@@ -100,8 +98,13 @@ class Sampler:
             log.exception("kerasmagic sampler: reading memory failed")
 
     def _loop(self) -> None:
+        # Tick every interval_s; sample on every tick while a cell runs, else every
+        # idle_interval_s. A cell's start does not wake the thread: trivial cells end before
+        # the next tick, so they never compete with it for the GIL.
+        last = float("-inf")
         while not self._stop.is_set():
-            self.sample_once()
-            timeout = self.interval_s if self._running_cell else self.idle_interval_s
-            self._wake.wait(timeout)
-            self._wake.clear()
+            now = time.monotonic()
+            if self._running_cell or now - last >= self.idle_interval_s:
+                self.sample_once()
+                last = now
+            self._stop.wait(self.interval_s)

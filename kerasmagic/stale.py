@@ -9,8 +9,10 @@ model, and stored tracebacks drop their frames' locals.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import re
 import sys
-import traceback
 import types as pytypes
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
@@ -169,7 +171,17 @@ def _release_tracebacks(plan: Plan, ns: MutableMapping[str, Any], types: tuple[t
 
 
 def _clear_frames(tb: pytypes.TracebackType) -> Callable[[], None]:
-    return lambda: traceback.clear_frames(tb)
+    def act() -> None:
+        walker: pytypes.TracebackType | None = tb
+        while walker is not None:
+            frame = walker.tb_frame
+            with contextlib.suppress(RuntimeError):  # a frame still running stays as it is
+                frame.clear()
+            if frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+                _ = frame.f_locals  # Python 3.11 keeps a stale locals dict until re-synced
+            walker = walker.tb_next
+
+    return act
 
 
 def _cut_callback_links(
@@ -195,12 +207,35 @@ def _cut_link(callback: Any) -> Callable[[], None]:
     return act
 
 
+def _release_shell(plan: Plan, shell: Any, types: tuple[type, ...]) -> None:
+    """IPython keeps its own references: the display hook's ``_``s and the last result."""
+    hook = getattr(shell, "displayhook", None)
+    for name in ("_", "__", "___"):
+        if _models_in(getattr(hook, name, None), name, types, ()):
+            plan.actions.append((f"displayhook.{name}", _setattr(hook, name, "")))
+    hidden = getattr(shell, "user_ns_hidden", None)  # push(interactive=False) copies _, _N here
+    if isinstance(hidden, dict):
+        for name, value in list(hidden.items()):
+            if re.fullmatch(r"_+|_\d+", name) and _models_in(value, name, types, ()):
+                plan.actions.append((f"displayhook.{name}", _set(hidden, name, "")))
+    last = getattr(shell, "last_execution_result", None)
+    found = _models_in(getattr(last, "result", None), "last result", types, ())
+    if found:
+        plan.stale.update((id(m), (p, m)) for p, m in found)
+        plan.actions.append(("last result", _setattr(last, "result", None)))
+
+
+def _setattr(obj: Any, name: str, value: Any) -> Callable[[], None]:
+    return lambda: setattr(obj, name, value)
+
+
 def plan_cleanup(
     ns: MutableMapping[str, Any],
     *,
     rebinding: Iterable[str] = (),
     keep: Iterable[str] = (),
     drop_all: bool = False,
+    shell: Any | None = None,
 ) -> Plan:
     """Plan the release of stale models in ``ns`` (see the module docstring)."""
     plan = Plan()
@@ -216,6 +251,8 @@ def plan_cleanup(
         _release_names(plan, ns, sorted(release), types)
         _release_output_cache(plan, ns, types, cbs)
         _release_tracebacks(plan, ns, types)
+        if shell is not None:
+            _release_shell(plan, shell, types)
         _cut_callback_links(plan, ns, types, cbs)
         for key in plan.kept:
             plan.stale.pop(key, None)

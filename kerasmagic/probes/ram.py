@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -29,9 +30,20 @@ def _peak_rss_bytes() -> int | None:
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024
 
 
+_process: psutil.Process | None = None
+
+
+def _this_process() -> psutil.Process:
+    """Return a cached ``psutil.Process`` for this PID (creating one reads /proc: ~0.3 ms)."""
+    global _process
+    if _process is None or _process.pid != os.getpid():  # new after a fork
+        _process = psutil.Process()
+    return _process
+
+
 def read_ram() -> RamInfo:
     """Return this process's RSS and peak, and the host's total and available memory."""
-    rss = psutil.Process().memory_info().rss
+    rss = _this_process().memory_info().rss
     vm = psutil.virtual_memory()
     return RamInfo(
         rss_bytes=int(rss),

@@ -1,0 +1,123 @@
+"""Per-cell cost of the live monitor, and its sampler's CPU use, in one process.
+
+Runs N trivial cells in an in-process IPython shell whose namespace holds ~1M live objects
+(and, with ``--keras``, Keras models): without the extension, with only the live monitor, and
+with every part (the sidebar comm too); reports the median time per cell of each, the
+differences, and the sampler thread's CPU share while idle and while a cell runs.
+Writes JSON to ``benchmarks/results/hook_overhead.json``.
+
+    python benchmarks/hook_overhead.py [--cells 1000] [--keras]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from IPython.core.interactiveshell import InteractiveShell
+
+from kerasmagic import _extension
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+RESULTS = Path(__file__).parent / "results"
+NAMESPACE = """
+objects = [[i] for i in range(1_000_000)]         # 1M live (gc-tracked) objects
+lookup = {i: str(i) for i in range(100_000)}      # a big dict (the probe must not copy it)
+"""
+KERAS = """
+import keras, numpy as np
+models = [keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)]) for _ in range(3)]
+"""
+
+
+def time_cells(shell: InteractiveShell, cells: int) -> list[float]:
+    """Return the wall time of each of ``cells`` trivial cells, in seconds."""
+    times = []
+    for i in range(cells):
+        start = time.perf_counter()
+        shell.run_cell(f"t = {i}", store_history=True)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def thread_cpu_s(native_id: int | None) -> float:
+    """Return the CPU seconds used so far by the thread with this OS id."""
+    for thread in psutil.Process().threads():
+        if thread.id == native_id:
+            return float(thread.user_time + thread.system_time)
+    return 0.0
+
+
+def sampler_share(shell: InteractiveShell, seconds: float, busy: bool) -> float:
+    """Return the sampler's CPU use as a share of one core over ``seconds``."""
+    from kerasmagic.live import get_monitor
+
+    monitor = get_monitor(shell)
+    assert monitor is not None
+    native_id = monitor.sampler.native_id
+    before, start = thread_cpu_s(native_id), time.perf_counter()
+    if busy:
+        shell.run_cell(f"import time; time.sleep({seconds})")
+    else:
+        time.sleep(seconds)
+    return (thread_cpu_s(native_id) - before) / (time.perf_counter() - start)
+
+
+def with_parts(shell: InteractiveShell, cells: int, parts: tuple[str, ...]) -> float:
+    """Return the median cell time with the extension loaded with only ``parts``."""
+    saved = _extension.PARTS
+    _extension.PARTS = parts
+    try:
+        shell.run_line_magic("load_ext", "kerasmagic")
+        median = statistics.median(time_cells(shell, cells))
+        shell.run_line_magic("unload_ext", "kerasmagic")
+    finally:
+        _extension.PARTS = saved
+    return median
+
+
+def main() -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--cells", type=int, default=1000)
+    parser.add_argument("--keras", action="store_true", help="also import Keras, hold 3 models")
+    parser.add_argument("--sampler-s", type=float, default=10.0)
+    args = parser.parse_args()
+    shell = InteractiveShell.instance()
+    shell.run_cell(NAMESPACE + (KERAS if args.keras else ""))
+    without = statistics.median(time_cells(shell, args.cells))
+    with_live = with_parts(shell, args.cells, ("kerasmagic.live",))
+    shell.run_line_magic("load_ext", "kerasmagic")
+    with_all = statistics.median(time_cells(shell, args.cells))
+    result = {
+        "cells": args.cells,
+        "keras_models_in_namespace": args.keras,
+        "parts_loaded": list(_extension.PARTS),
+        "median_without_ms": without * 1e3,
+        "median_with_live_monitor_only_ms": with_live * 1e3,
+        "median_with_all_parts_ms": with_all * 1e3,
+        "live_monitor_added_ms": (with_live - without) * 1e3,
+        "all_parts_added_ms": (with_all - without) * 1e3,
+        "sampler_cpu_idle_pct": 100 * sampler_share(shell, args.sampler_s, busy=False),
+        "sampler_cpu_busy_pct": 100 * sampler_share(shell, args.sampler_s, busy=True),
+        "gc_objects": len(gc.get_objects()),
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+    }
+    shell.run_line_magic("unload_ext", "kerasmagic")
+    RESULTS.mkdir(exist_ok=True)
+    name = "hook_overhead_keras.json" if args.keras else "hook_overhead.json"
+    (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

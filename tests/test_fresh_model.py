@@ -1,0 +1,286 @@
+"""``%%fresh_model`` against real Keras/TensorFlow in a real in-process IPython shell."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+
+import pytest
+from conftest import run
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from kerasmagic.probes.graph import custom_gradient_count
+
+
+def ref_to(shell: InteractiveShell, expr: str) -> weakref.ref[object]:
+    return weakref.ref(shell.ev(expr))
+
+
+def model_in_failed_frame(function: str) -> weakref.ref[object]:
+    tb = sys.last_traceback
+    while tb is not None and tb.tb_frame.f_code.co_name != function:
+        tb = tb.tb_next
+    assert tb is not None
+    return weakref.ref(tb.tb_frame.f_locals["m"])
+
+
+def fresh(shell: InteractiveShell, cell: str, line: str = "") -> object:
+    return run(shell, f"%%fresh_model {line}\n{cell}")
+
+
+def test_layer_names_reset_between_runs(kip: InteractiveShell) -> None:
+    names = []
+    for _ in range(3):
+        fresh(kip, "model = build()\nname = model.layers[0].name")
+        names.append(kip.user_ns["name"])
+    assert names == ["dense", "dense", "dense"]
+
+
+def test_rebound_model_is_dropped_before_the_cell(kip: InteractiveShell) -> None:
+    run(kip, "model = build()")
+    old = ref_to(kip, "model")
+    fresh(kip, "old_alive = 'model' in globals()\nmodel = build()")
+    assert kip.user_ns["old_alive"] is False
+    assert old() is None and kip.user_ns["model"] is not None
+
+
+def test_model_in_output_cache_is_dropped(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(kip, "build()")  # displayed: held by Out[n], _n and _
+    n = kip.execution_count - 1
+    held = weakref.ref(kip.user_ns["Out"][n])
+    capsys.readouterr()
+    fresh(kip, "z = 1")
+    assert held() is None
+    assert n not in kip.user_ns["Out"] and f"_{n}" not in kip.user_ns
+    assert kip.user_ns["_"] == "" and kip.displayhook._ == ""  # type: ignore[attr-defined]
+    assert f"Out[{n}]" in capsys.readouterr().out
+
+
+def test_model_behind_older_underscores_is_dropped(kip: InteractiveShell) -> None:
+    run(kip, "build()")
+    first = weakref.ref(kip.user_ns["_"])
+    run(kip, "1")
+    run(kip, "2")  # the model is now only in ___ (and Out)
+    assert kip.user_ns["___"] is first()
+    fresh(kip, "z = 1")
+    assert first() is None
+
+
+def test_model_in_stored_traceback_is_dropped(kip: InteractiveShell) -> None:
+    run(kip, "def fail(m):\n    raise ValueError('boom')")
+    result = kip.run_cell("fail(build())", store_history=True)
+    failed = isinstance(result.error_in_exec, ValueError)
+    del result
+    held = model_in_failed_frame("fail")
+    fresh(kip, "z = 1")
+    assert failed
+    assert held() is None
+    assert sys.last_value is not None  # the error itself is still there for %tb
+
+
+def test_history_model_link_is_cut_and_numbers_kept(kip: InteractiveShell) -> None:
+    run(kip, "h = build().fit(x, y, epochs=2, verbose=0)")
+    held = weakref.ref(kip.user_ns["h"].model)
+    numbers = {k: list(v) for k, v in kip.user_ns["h"].history.items()}
+    fresh(kip, "z = 1")
+    assert held() is None
+    assert kip.user_ns["h"].history == numbers and len(numbers["loss"]) == 2
+
+
+def test_callback_model_link_is_cut(kip: InteractiveShell) -> None:
+    run(kip, "es = keras.callbacks.EarlyStopping(monitor='loss', patience=3)")
+    run(kip, "build().fit(x, y, epochs=1, verbose=0, callbacks=[es]);")
+    held = weakref.ref(kip.user_ns["es"].model)
+    fresh(kip, "z = 1")
+    assert held() is None and kip.user_ns["es"].patience == 3
+
+
+@pytest.mark.parametrize(
+    ("setup", "rebind"),
+    [
+        ("results = [(0.5, build())]", "results = []"),
+        ("results = {'fold0': build(), 'score': 0.5}", "results = {}"),
+        ("results = (0.5, build())", "results = ()"),
+    ],
+)
+def test_container_the_cell_rebinds_loses_its_models(
+    kip: InteractiveShell, setup: str, rebind: str
+) -> None:
+    run(kip, "m0 = build()")
+    kip.user_ns["held"] = weakref.ref(kip.user_ns["m0"])
+    run(kip, setup.replace("build()", "m0") + "\ndel m0")
+    fresh(kip, f"alive_before_cell = held() is not None\n{rebind}")
+    assert kip.user_ns["alive_before_cell"] is False
+
+
+def test_kept_model_survives_default_and_goes_with_all(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(kip, "base = build()")
+    base = ref_to(kip, "base")
+    capsys.readouterr()
+    fresh(kip, "model = build()")
+    assert base() is not None
+    assert "still alive: base" in capsys.readouterr().out
+    fresh(kip, "z = 1", line="--all")
+    assert base() is None and "base" not in kip.user_ns and "model" not in kip.user_ns
+
+
+def test_keep_protects_names_from_all(kip: InteractiveShell) -> None:
+    run(kip, "base = build()\nother = build()")
+    fresh(kip, "z = 1", line="--all --keep base")
+    assert "base" in kip.user_ns and "other" not in kip.user_ns
+
+
+def test_kept_model_still_trains_after_cleanup(kip: InteractiveShell) -> None:
+    run(kip, "base = build()\nbase.fit(x, y, verbose=0);")
+    for _ in range(2):
+        fresh(kip, "model = build()\nmodel.fit(x, y, verbose=0);")
+    run(kip, "loss = base.fit(x, y, epochs=2, verbose=0).history['loss']")
+    assert len(kip.user_ns["loss"]) == 2 and all(v == v for v in kip.user_ns["loss"])
+
+
+CUSTOM_LAYER = """
+@tf.custom_gradient
+def twice_grad(v):
+    return tf.identity(v), lambda dy: 2.0 * dy
+
+class TwiceGrad(keras.layers.Layer):
+    def call(self, v):
+        return twice_grad(v)
+
+custom = keras.Sequential([keras.Input((20,)), TwiceGrad(), keras.layers.Dense(2)])
+custom.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+custom.fit(x, y, verbose=0)
+
+@tf.function
+def grad_of_input(v):
+    with tf.GradientTape() as tape:
+        tape.watch(v)
+        out = tf.reduce_sum(twice_grad(v))
+    return tape.gradient(out, v)
+
+@tf.function
+def forward(v):
+    return tf.reduce_sum(twice_grad(v) * 3.0)
+"""
+
+
+def test_user_custom_gradient_survives_cleanup(kip: InteractiveShell) -> None:
+    run(kip, CUSTOM_LAYER)
+    run(kip, "probe = tf.ones((2, 3))\nconcrete = forward.get_concrete_function(probe)")
+    for _ in range(2):
+        fresh(kip, "model = build()\nmodel.fit(x, y, verbose=0);")
+    # The traced forward graph is still alive: differentiating it needs its registry entry.
+    run(
+        kip,
+        "with tf.GradientTape() as tape:\n    tape.watch(probe)\n    out = concrete(probe)\n"
+        "g = tape.gradient(out, probe).numpy()",
+    )
+    assert (kip.user_ns["g"] == 6.0).all()
+    run(
+        kip,
+        "g2 = grad_of_input(tf.ones((2, 3))).numpy()\nloss = custom.fit(x, y, verbose=0).history['loss'][0]",
+    )
+    assert (kip.user_ns["g2"] == 2.0).all() and kip.user_ns["loss"] == kip.user_ns["loss"]
+
+
+def test_leak_stops_across_reruns(kip: InteractiveShell) -> None:
+    cell = "model = build()\nmodel.fit(x, y, verbose=0)\nmodel.predict(x[:4], verbose=0);"
+    counts, objects = [], []
+    for _ in range(6):
+        fresh(kip, cell, line="-q")
+        counts.append(custom_gradient_count())
+        gc.collect()
+        objects.append(len(gc.get_objects()))
+    assert counts[-1] == counts[1]  # without cleanup: +2 per fitted model
+    assert objects[-1] - objects[2] < 2_000  # without cleanup: ~+8,000 per model
+
+
+def test_user_data_survives_byte_for_byte(kip: InteractiveShell) -> None:
+    run(
+        kip,
+        "import itertools\narr = x.copy()\nconfig = {'lr': 1e-3, 'layers': [8, 2]}\n"
+        "gen = itertools.count()\nnext(gen)\nn = 42\nblob = b'abc'\n"
+        "pairs = [(1, 'a'), (2, 'b')]\nmodel = build()\nmix = [0.5, model, {'m': model, 'k': 3}]",
+    )
+    before = {k: kip.user_ns[k] for k in ("arr", "config", "gen", "n", "blob", "pairs")}
+    arr_bytes = kip.user_ns["arr"].tobytes()
+    fresh(kip, "z = 1", line="--all")
+    for key, value in before.items():
+        assert kip.user_ns[key] is value
+    assert kip.user_ns["arr"].tobytes() == arr_bytes
+    assert kip.user_ns["config"] == {"lr": 1e-3, "layers": [8, 2]}
+    assert next(kip.user_ns["gen"]) == 1
+    assert kip.user_ns["mix"] == [0.5, None, {"m": None, "k": 3}]  # only the models went
+
+
+def test_exception_in_cell_keeps_cleanup_and_namespace(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(kip, "model = build()")
+    old = ref_to(kip, "model")
+    with pytest.raises(ValueError, match="boom"):
+        fresh(kip, "model = build()\nraise ValueError('boom')")
+    assert old() is None
+    assert {"x", "y", "build", "model"} <= set(kip.user_ns)
+    assert "kerasmagic: freed" in capsys.readouterr().out
+
+
+def test_ctrl_c_in_cell_keeps_namespace(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = kip.run_cell(
+        "%%fresh_model\nmodel = build()\nraise KeyboardInterrupt", store_history=True
+    )
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert {"x", "y", "build", "model"} <= set(kip.user_ns)
+    assert "kerasmagic: freed" in capsys.readouterr().out
+    fresh(kip, "ok = model.layers[0].name")  # the kernel carries on
+    assert kip.user_ns["ok"] == "dense"
+
+
+def test_dry_run_reports_and_changes_nothing(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(kip, "model = build()\nbase = build()")
+    old = ref_to(kip, "model")
+    capsys.readouterr()
+    fresh(kip, "model = 1", line="--dry-run")
+    out = capsys.readouterr().out
+    assert "would drop model" in out and "would keep base" in out
+    assert kip.user_ns["model"] is old()
+
+
+def test_quiet_prints_nothing(kip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    fresh(kip, "z = 1", line="-q")
+    assert capsys.readouterr().out == ""
+
+
+def test_last_expression_is_the_cell_result(kip: InteractiveShell) -> None:
+    assert fresh(kip, "a = 2\na * 21", line="-q") == 42
+
+
+@pytest.mark.parametrize("line", ["--bogus", "--keep", "--all extra"])
+def test_bad_flags_are_usage_errors(ip: InteractiveShell, line: str) -> None:
+    with pytest.raises(UsageError) as err:
+        ip.run_cell_magic("fresh_model", line, "z = 1")
+    assert "\n" not in str(err.value).strip()
+    assert "z" not in ip.user_ns
+
+
+def test_help_is_generated(ip: InteractiveShell) -> None:
+    doc = ip.find_cell_magic("fresh_model").__doc__ or ""
+    assert "--all" in doc and "--keep" in doc and "--dry-run" in doc
+
+
+def test_unload_removes_magics(ip: InteractiveShell) -> None:
+    ip.run_line_magic("unload_ext", "kerasmagic")
+    assert ip.find_cell_magic("fresh_model") is None and ip.find_line_magic("gpu_mem") is None
+    ip.run_line_magic("load_ext", "kerasmagic")
+    assert ip.find_cell_magic("fresh_model") is not None
