@@ -16,6 +16,8 @@ from typing import Any
 MAX_DEPTH = 2  # how far into lists, tuples, dicts and sets of the namespace we look
 MAX_ITEMS = 256  # how many items of one container we look at (keeps the scan O(names))
 _NOT_USER = re.compile(r"^(_|__|___|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|exit|quit|get_ipython)$")
+_INPUT = re.compile(r"^_i+$|^_i\d+$")  # IPython's copies of cell sources: never models
+IPYTHON_PLAIN = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 SKIP = frozenset({"_oh", "_ih", "In", "_dh", "__builtins__", "__builtin__"})  # aliases, no models
 
 
@@ -56,8 +58,14 @@ def is_user_name(name: str) -> bool:
 
 def scan_order(namespace: Mapping[str, Any]) -> list[str]:
     """Return the names worth scanning, the user's own first (so paths read ``model``)."""
-    names = [name for name in list(namespace) if name not in SKIP]
-    return sorted(names, key=lambda name: not is_user_name(name))
+    user: list[str] = []
+    ipython: list[str] = []
+    for name in list(namespace):
+        if name[:1] != "_" and name not in SKIP and name not in IPYTHON_PLAIN:
+            user.append(name)  # fast path: most user names start with a letter
+        elif not _INPUT.match(name) and name not in SKIP:  # _i/_ii/_i12 hold input strings
+            (user if is_user_name(name) else ipython).append(name)
+    return user + ipython
 
 
 def callback_model(callback: Any) -> Any:
