@@ -1,0 +1,67 @@
+"""Pure units: cell parsing, the snapshot type, the import contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kerasmagic.cellparse import rebound_names
+from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
+
+
+@pytest.mark.parametrize(
+    ("source", "names"),
+    [
+        ("model = build()\nmodel.fit(x)", {"model"}),
+        ("model = model.fit()", set()),  # reads the old value first
+        ("results += [1]", set()),
+        ("a, (b, *c) = f()", {"a", "b", "c"}),
+        ("print(m)\nm = 1", set()),
+        ("if cond:\n    model = f()", set()),  # conditional: maybe not rebound
+        ("with strategy.scope():\n    model = f()", {"model"}),
+        ("h: History = m.fit()", {"h"}),
+        ("x[0] = 1\nobj.attr = 2", set()),
+        ("this is not python", set()),
+    ],
+)
+def test_rebound_names(source: str, names: set[str]) -> None:
+    assert rebound_names(source) == names
+
+
+def test_snapshot_round_trips_through_json() -> None:
+    snap = take_snapshot({})
+    again = MemorySnapshot.from_dict(json.loads(snap.to_json()))
+    assert again == snap and snap.to_dict()["version"] == 1
+
+
+def test_diff() -> None:
+    a = take_snapshot({})
+    block = bytearray(64 * 2**20)
+    block[::4096] = b"x" * len(block[::4096])  # touch every page
+    b = take_snapshot({})
+    delta = diff(a, b)
+    assert delta.rss_bytes > 60 * 2**20 and delta.elapsed_s >= 0
+    assert delta.gpu_used_bytes is None or isinstance(delta.gpu_used_bytes, int)
+    del block
+
+
+def test_import_touches_neither_tensorflow_nor_nvml() -> None:
+    code = (
+        "import sys, kerasmagic\n"
+        "kerasmagic.take_snapshot(); kerasmagic.reset({})\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'IPython')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert (
+        "pynvml"
+        not in subprocess.run(
+            [sys.executable, "-c", "import sys, kerasmagic; print(list(sys.modules))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )

@@ -1,0 +1,97 @@
+"""``%gpu_mem``: the table, JSON, the deep scan of live models and who holds them, GPU flags."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from conftest import HAS_GPU, run
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+pytestmark = pytest.mark.skipif(HAS_GPU, reason="these check the CPU-only answers")
+
+
+def test_table_without_gpu(kip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    run(kip, "model = build()")
+    capsys.readouterr()
+    kip.run_line_magic("gpu_mem", "")
+    out = capsys.readouterr().out
+    assert f"kernel pid {os.getpid()}" in out
+    assert "GPU" in out and ("no NVIDIA driver" in out or "no GPU" in out)
+    assert "no GPU allocator (CPU only)" in out
+    assert "1 live models in the namespace" in out
+
+
+def test_json_is_the_snapshot(kip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    run(kip, "model = build()\nmodel.fit(x, y, verbose=0);")
+    capsys.readouterr()
+    kip.run_line_magic("gpu_mem", "--json")
+    data = json.loads(capsys.readouterr().out)
+    assert data["version"] == 1 and data["pid"] == os.getpid()
+    assert data["ram"]["rss_bytes"] > 100 * 2**20
+    assert data["tf"] == {"imported": True, "initialized": True, "devices": []}
+    assert data["graph"]["custom_gradients"] >= 2 and data["graph"]["functions"] > 0
+    assert data["keras"]["live_models"] == 1 and data["keras"]["name_counter"] >= 3
+
+
+def test_deep_scan_names_every_holder(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(kip, "h = build().fit(x, y, verbose=0)")
+    run(kip, "results = [build()]")
+    run(kip, "build()")  # Out[n]
+    n = kip.execution_count - 1
+    capsys.readouterr()
+    kip.run_line_magic("gpu_mem", "--deep --json")
+    models = json.loads(capsys.readouterr().out)["models"]
+    holders = sorted(", ".join(m["holders"]) for m in models)
+    assert any("h.model" in h for h in holders)
+    assert any("results[0]" in h for h in holders)
+    assert any(f"Out[{n}]" in h for h in holders)
+    assert all(m["type"] == "Sequential" for m in models) and len(models) == 3  # no inner model
+    sizes = {m["size_bytes"] for m in models}
+    weights = (20 * 8 + 8 + 8 * 2 + 2) * 4
+    assert any(weights <= s < weights + 64 for s in sizes)  # unfitted: weights + optimizer scalars
+    assert any(s >= 3 * weights for s in sizes)  # fitted with Adam: + two slots per weight
+
+
+def test_deep_scan_finds_a_traceback_holder(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(kip, "def fail(m):\n    raise ValueError('boom')")
+    kip.run_cell("fail(build())", store_history=True)
+    capsys.readouterr()
+    kip.run_line_magic("gpu_mem", "--deep")
+    assert "held by sys.last_traceback (fail: m)" in capsys.readouterr().out
+
+
+def test_html_in_a_notebook(kip: InteractiveShell) -> None:
+    from kerasmagic.render import Table, snapshot_rows
+    from kerasmagic.snapshot import take_snapshot
+
+    html = Table("t", snapshot_rows(take_snapshot(kip.user_ns)))._repr_html_()
+    assert html.startswith("<table") and "<th style='text-align:left'>RAM</th>" in html
+
+
+def test_reset_peak_and_gpu_options_without_gpu(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    kip.run_line_magic("gpu_mem", "--reset-peak --growth")
+    out = capsys.readouterr().out
+    assert "no TensorFlow GPU allocator to reset" in out
+    assert "no GPU visible to TensorFlow: nothing to configure" in out
+
+
+@pytest.mark.parametrize("line", ["--limit 0", "--limit lots", "--bogus"])
+def test_bad_options(ip: InteractiveShell, line: str) -> None:
+    with pytest.raises(UsageError) as err:
+        ip.run_line_magic("gpu_mem", line)
+    assert "\n" not in str(err.value).strip()
+
+
+def test_help(ip: InteractiveShell) -> None:
+    doc = ip.find_line_magic("gpu_mem").__doc__ or ""
+    assert all(flag in doc for flag in ("--json", "--reset-peak", "--deep", "--growth", "--limit"))

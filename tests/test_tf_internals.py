@@ -1,0 +1,127 @@
+"""The two TensorFlow fixes against the installed TensorFlow: registry purge and string stacks."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+from kerasmagic import tfstack  # noqa: E402
+from kerasmagic.probes.graph import custom_gradient_count  # noqa: E402
+from kerasmagic.tfpurge import purge_custom_gradients  # noqa: E402
+
+X = np.random.default_rng(0).random((64, 4), dtype=np.float32)
+Y = np.random.default_rng(1).integers(0, 2, 64)
+
+
+def fitted() -> keras.Model:
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    m.fit(X, Y, verbose=0)
+    return m
+
+
+def test_purge_drops_dead_graphs_and_keeps_live_ones() -> None:
+    keeper = fitted()
+    purge_custom_gradients()
+    base = custom_gradient_count()
+    for _ in range(3):
+        fitted()
+    assert custom_gradient_count() == base + 6  # the leak: +2 per fitted model
+    result = purge_custom_gradients()
+    assert result.dropped == 6 and result.kept == base and result.unknown == 0
+    assert custom_gradient_count() == base
+    assert np.isfinite(keeper.fit(X, Y, verbose=0).history["loss"][0])
+
+
+def test_purge_without_tensorflow_registry_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensorflow.python.framework import ops
+
+    monkeypatch.setattr(ops, "gradient_registry", object())
+    collected: list[int] = []
+    result = purge_custom_gradients(collect=lambda: collected.append(1))
+    assert result.dropped == 0 and "not found" in (result.message or "") and collected == [1]
+
+
+def _frames(trace: object) -> list[tuple[str, int, str]]:
+    return [(f.filename, f.lineno, f.name) for f in trace]  # type: ignore[attr-defined]
+
+
+def test_string_stacks_match_tensorflows_own() -> None:
+    def trace_ops() -> list[list[tuple[str, int, str]]]:
+        @tf.function
+        def f(v: tf.Tensor) -> tf.Tensor:
+            return tf.reduce_sum(tf.nn.relu(v * 2.0))
+
+        graph = f.get_concrete_function(tf.TensorSpec([3])).graph
+        return [_frames(op.traceback) for op in graph.get_operations()]
+
+    was_installed = tfstack.installed()
+    traces = []
+    for patched in (False, True):  # one call site, so the test's own frame is identical
+        tfstack.uninstall()
+        if patched:
+            assert tfstack.install() is None and tfstack.installed()
+        traces.append(trace_ops())
+    if not was_installed:
+        tfstack.uninstall()
+    original, patched_traces = traces
+    assert patched_traces == original and len(original) >= 4
+
+
+def test_user_frames_in_tf_error_messages_survive() -> None:
+    tfstack.install()
+
+    @tf.function
+    def bad(v: tf.Tensor) -> tf.Tensor:
+        return tf.reshape(v, [7])  # line recorded in the op's stack
+
+    with pytest.raises(Exception, match="reshape") as err:
+        bad(tf.ones([3]))
+    assert "test_tf_internals.py" in str(err.value) or "bad" in str(err.value)
+
+
+REPRO = """
+import gc, sys, numpy as np, keras, psutil
+sys.path.insert(0, {root!r})
+from kerasmagic import reset, tfstack
+x = np.random.rand(128, 8).astype('float32'); y = np.random.randint(0, 2, 128)
+SRC = '''
+m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+m.compile('adam', keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+m.fit(x, y, verbose=0)
+'''
+ns = {{'keras': keras, 'x': x, 'y': y}}
+PATCH = {patch}
+rss = []
+for i in range(14):
+    exec(compile(SRC, f'<cell-{{i}}>', 'exec'), ns)  # a re-run cell is a new code object
+    reset(ns, rebinding=['m'], patch_stack_traces=PATCH)
+    if not PATCH:
+        tfstack.uninstall()
+    rss.append(psutil.Process().memory_info().rss)
+print((rss[-1] - rss[4]) / (len(rss) - 5) / 2**20)
+"""
+
+
+@pytest.mark.slow
+def test_rerun_cells_stop_growing_with_string_stacks() -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    slopes = {}
+    for patch in (False, True):
+        code = textwrap.dedent(REPRO.format(root=root, patch=patch))
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        slopes[patch] = float(out.stdout.strip().splitlines()[-1])
+    gc.collect()
+    assert slopes[False] > 0.25, slopes  # TF's frame cache: ~0.5 MB per re-run cell
+    assert slopes[True] < 0.15, slopes
