@@ -52,7 +52,8 @@ def test_import_touches_neither_tensorflow_nor_nvml() -> None:
     code = (
         "import sys, kerasmagic\n"
         "kerasmagic.take_snapshot(); kerasmagic.reset({})\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'IPython')))"
+        "roots = ('tensorflow', 'keras', 'IPython')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in roots))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

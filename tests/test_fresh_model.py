@@ -184,7 +184,8 @@ def test_user_custom_gradient_survives_cleanup(kip: InteractiveShell) -> None:
     assert (kip.user_ns["g"] == 6.0).all()
     run(
         kip,
-        "g2 = grad_of_input(tf.ones((2, 3))).numpy()\nloss = custom.fit(x, y, verbose=0).history['loss'][0]",
+        "g2 = grad_of_input(tf.ones((2, 3))).numpy()\n"
+        "loss = custom.fit(x, y, verbose=0).history['loss'][0]",
     )
     assert (kip.user_ns["g2"] == 2.0).all() and kip.user_ns["loss"] == kip.user_ns["loss"]
 
