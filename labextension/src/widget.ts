@@ -147,7 +147,8 @@ function historyChart(cells: ReadonlyArray<ICellRecord>, useGpu: boolean): HTMLE
   return h(
     'div',
     { class: 'jp-kerasmagic-history', 'data-km': 'history', 'data-cells': String(cells.length) },
-    h('div', { class: 'jp-kerasmagic-section-title' }, `${what} after each of the last ${shown.length} cells (tick: peak)`),
+    h('div', { class: 'jp-kerasmagic-section-title' },
+      shown.length ? `${what} after each of the last ${shown.length} cells (tick: peak)` : what),
     shown.length ? chart : h('div', { class: 'jp-kerasmagic-note' }, 'No cells recorded yet.')
   );
 }

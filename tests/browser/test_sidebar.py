@@ -170,6 +170,7 @@ def _wait_until(page: Any, js: str, arg: Any = None, timeout_s: float = 30) -> N
     page.wait_for_function(js, arg=arg, timeout=timeout_s * 1000, polling=200)
 
 
+STATUS_JS = "document.querySelector('.jp-kerasmagic-panel')?.dataset.status"
 RSS_JS = "Number(document.querySelector('.jp-kerasmagic-panel [data-km=\"rss\"]')?.dataset.bytes)"
 
 
@@ -182,9 +183,6 @@ def test_sidebar_follows_the_kernel_and_frees_memory(lab: str) -> None:
         try:
             _drive(page, lab)
         finally:
-            shot = os.environ.get("KERASMAGIC_SCREENSHOT")
-            if shot:
-                page.screenshot(path=shot)
             browser.close()
 
 
@@ -233,3 +231,16 @@ def _drive(page: Any, lab: str) -> None:
     after = _figure(page, "rss")
     assert after < held - 250 * MB, (held, after, result)
     assert page.get_attribute('[data-km="kernel"]', "data-pid") == str(pid)
+    shot = os.environ.get("KERASMAGIC_SCREENSHOT")
+    if shot:
+        page.screenshot(path=shot)
+
+    # A restarted kernel has no kerasmagic: the panel says so; its button loads it there.
+    page.click('.lm-MenuBar-itemLabel:text-is("Kernel")')
+    page.click('.lm-Menu-itemLabel:text-is("Restart Kernel…")')
+    page.click(".jp-Dialog .jp-mod-accept")
+    _wait_until(page, f"{STATUS_JS} === 'not-loaded'", timeout_s=60)
+    page.click('.jp-kerasmagic-panel [data-km="load"]')
+    _wait_until(page, f"{STATUS_JS} === 'live'", timeout_s=60)
+    new_pid = page.get_attribute('[data-km="kernel"]', "data-pid")
+    assert new_pid and new_pid != str(pid)
