@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 from typing import Any
 
@@ -12,6 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 from traitlets import Bool
 
+from kerasmagic.cellcode import compile_cell
 from kerasmagic.cellparse import rebound_names
 from kerasmagic.cleanup import MB, reset
 from kerasmagic.holders import live_models
@@ -165,16 +165,11 @@ class KerasMagics(Magics):
 
     def _run(self, code: str) -> Any:
         """Run transformed cell code in the user namespace; return its last expression's value."""
-        tree = self.ip.transform_ast(ast.parse(code))
-        filename = self.ip.compile.cache(code)
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        ns = self.ip.user_ns
-        exec(compile(tree, filename, "exec"), self.ip.user_global_ns, ns)
-        if last is None:
+        cell = compile_cell(self.ip, code)
+        exec(cell.body, self.ip.user_global_ns, self.ip.user_ns)
+        if cell.last is None:
             return None
-        return eval(compile(last, filename, "eval"), self.ip.user_global_ns, ns)
+        return eval(cell.last, self.ip.user_global_ns, self.ip.user_ns)
 
 
 __all__ = ["MB", "KerasMagics"]

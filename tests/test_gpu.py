@@ -1,0 +1,73 @@
+"""Real-GPU checks: run only where ``nvidia-smi -L`` lists a GPU (skipped in CI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import run
+from IPython.core.interactiveshell import InteractiveShell
+
+from kerasmagic.probes import nvml
+
+pytestmark = pytest.mark.gpu
+
+
+def test_nvml_reads_every_visible_gpu() -> None:
+    nvml.shutdown()
+    info = nvml.read_gpus()
+    assert info.status == "ok", info.message
+    for device in info.devices:
+        assert device.total_bytes > 2**30 and 0 <= device.used_bytes <= device.total_bytes
+        assert device.uuid.startswith(("GPU-", "MIG-"))
+
+
+GROWTH = """
+import json, kerasmagic.tfconfig as c
+first = c.configure_gpus(growth=True)
+import tensorflow as tf
+tf.ones((1024, 1024))  # starts the runtime
+print(json.dumps([first, c.configure_gpus(growth=True)]))
+"""
+
+
+def test_growth_before_and_after_the_runtime_starts() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", GROWTH],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        check=True,
+    )
+    first, second = json.loads(out.stdout.strip().splitlines()[-1])
+    assert first.startswith("memory growth on")
+    assert second.startswith("too late")
+
+
+def test_allocator_figures_and_freeing_on_gpu(kip: InteractiveShell) -> None:
+    from kerasmagic.probes import read_tf
+
+    run(kip, "big = build(4096)\nbig.fit(x, y, verbose=0)")
+    in_use = read_tf().devices[0].current_bytes
+    assert in_use > 4096 * 20 * 4
+    run(kip, "%%fresh_model -q --all\nz = 1")
+    assert read_tf().devices[0].current_bytes < in_use
+    from kerasmagic.probes.tf_alloc import reset_peaks
+
+    assert reset_peaks() and read_tf().devices[0].peak_bytes <= in_use
+
+
+def test_gpu_mem_shows_this_kernel(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(kip, "t = tf.ones((256, 1024, 1024))")  # 1 GiB on the GPU
+    capsys.readouterr()
+    kip.run_line_magic("gpu_mem", "--json")
+    data = json.loads(capsys.readouterr().out)
+    assert data["gpu"]["status"] == "ok"
+    assert data["tf"]["devices"][0]["current_bytes"] >= 2**30
+    mine = data["gpu"]["devices"][0]["process_used_bytes"]
+    assert mine is None or mine >= 2**30  # None: NVML lists host PIDs (containers)
