@@ -63,7 +63,9 @@ def kernel_variant(name: str, cell: str, runs: int, samples: int) -> dict[str, A
     """Re-run one model cell ``runs`` times in a fresh kernel; return its per-run figures."""
     from jupyter_client.manager import start_new_kernel
 
-    km, kc = start_new_kernel(kernel_name="python3", env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    km, kc = start_new_kernel(
+        kernel_name="python3", env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    )
     try:
         _execute(kc, SETUP.format(samples=samples) + "\n%load_ext kerasmagic\npid = os.getpid()")
         proc = psutil.Process(km.provisioner.process.pid)  # type: ignore[union-attr]
@@ -76,8 +78,13 @@ def kernel_variant(name: str, cell: str, runs: int, samples: int) -> dict[str, A
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
-    return {"variant": name, "runs": runs, "rss_mb_per_run": round(slope(rss, 5), 4),
-            "run_s_median": round(statistics.median(times), 3), "rss_mb": [round(r, 1) for r in rss]}
+    return {
+        "variant": name,
+        "runs": runs,
+        "rss_mb_per_run": round(slope(rss, 5), 4),
+        "run_s_median": round(statistics.median(times), 3),
+        "rss_mb": [round(r, 1) for r in rss],
+    }
 
 
 def main() -> None:
@@ -89,11 +96,16 @@ def main() -> None:
     args = parser.parse_args()
     script = [run_variant_process(v, args.models, args.samples, skip=5) for v in VARIANTS]
     print(table(script))
-    kernel = [] if args.skip_kernel else [
-        kernel_variant(name, cell, args.runs, args.samples) for name, cell in CELLS.items()]
+    kernel = (
+        []
+        if args.skip_kernel
+        else [kernel_variant(name, cell, args.runs, args.samples) for name, cell in CELLS.items()]
+    )
     for k in kernel:
-        print(f"kernel, {k['variant']:<48} {k['rss_mb_per_run']:>8.3f} MB/run, "
-              f"{k['run_s_median']:.2f} s/run")
+        print(
+            f"kernel, {k['variant']:<48} {k['rss_mb_per_run']:>8.3f} MB/run, "
+            f"{k['run_s_median']:.2f} s/run"
+        )
     ours, theirs = script[2].rss_mb_per_model, script[1].rss_mb_per_model
     checks = {
         "script_slope_le_0.1": ours <= 0.1,
@@ -102,12 +114,19 @@ def main() -> None:
     }
     if kernel:
         checks["kernel_slope_le_0.1"] = kernel[1]["rss_mb_per_run"] <= 0.1
-        checks["kernel_slope_le_5pct_of_hand"] = (
-            kernel[1]["rss_mb_per_run"] <= 0.05 * max(kernel[0]["rss_mb_per_run"], 1e-9))
+        checks["kernel_slope_le_5pct_of_hand"] = kernel[1]["rss_mb_per_run"] <= 0.05 * max(
+            kernel[0]["rss_mb_per_run"], 1e-9
+        )
     print("targets:", ", ".join(f"{k} {'OK' if v else 'MISSED'}" for k, v in checks.items()))
     RESULTS.mkdir(exist_ok=True)
-    out = {"args": vars(args), "machine": platform.platform(), "cpus": os.cpu_count(),
-           "script": [vars(r) for r in script], "kernel": kernel, "targets": checks}
+    out = {
+        "args": vars(args),
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "script": [vars(r) for r in script],
+        "kernel": kernel,
+        "targets": checks,
+    }
     (RESULTS / "leak_loop.json").write_text(json.dumps(out, indent=1))
 
 

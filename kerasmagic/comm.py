@@ -172,6 +172,8 @@ class Sidebar:
 
     # -- pushes (sampler thread for samples, main thread for cells) --------------------------
     def _on_monitor(self, kind: str, payload: Any) -> None:
+        if not self._comms:  # no sidebar open: serialise nothing (this runs after every cell)
+            return
         if kind == "sample":
             now = time.monotonic()
             if now - self._last_push_s < MIN_PUSH_INTERVAL_S:

@@ -13,7 +13,7 @@ from traitlets import Bool
 
 from kerasmagic.cellcode import compile_cell
 from kerasmagic.cellparse import rebound_names
-from kerasmagic.cleanup import MB, reset
+from kerasmagic.cleanup import reset
 from kerasmagic.holders import live_models
 from kerasmagic.probes import read_ram
 from kerasmagic.probes.tf_alloc import reset_peaks
@@ -172,4 +172,4 @@ class KerasMagics(Magics):
         return eval(cell.last, self.ip.user_global_ns, self.ip.user_ns)
 
 
-__all__ = ["MB", "KerasMagics"]
+__all__ = ["KerasMagics"]

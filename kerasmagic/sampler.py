@@ -17,16 +17,6 @@ log = logging.getLogger(__name__)
 OnSample = Callable[[RamInfo, GpuInfo, TfInfo], None]
 
 
-def _gpu_used(gpu: GpuInfo) -> int | None:
-    devices = gpu.devices
-    if not devices:
-        return None
-    mine = [d.process_used_bytes for d in devices]
-    if all(m is not None for m in mine):
-        return sum(m for m in mine if m is not None)
-    return sum(d.used_bytes for d in devices)
-
-
 class Sampler:
     """Sample every ``interval_s`` while a cell runs, every ``idle_interval_s`` otherwise."""
 
@@ -91,7 +81,7 @@ class Sampler:
             ram, gpu, tf = read_ram(), read_gpus(), read_tf()
             with self._lock:
                 if self._running_cell:
-                    self._update(ram.rss_bytes, _gpu_used(gpu))
+                    self._update(ram.rss_bytes, gpu.used_bytes)
             self.samples += 1
             self._on_sample(ram, gpu, tf)
         except Exception:

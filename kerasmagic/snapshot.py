@@ -43,13 +43,7 @@ class MemorySnapshot:
     @property
     def gpu_used_bytes(self) -> int | None:
         """Return this process's VRAM over all GPUs, else the devices' total use, else None."""
-        devices = self.gpu.devices
-        if not devices:
-            return None
-        mine = [d.process_used_bytes for d in devices]
-        if all(m is not None for m in mine):
-            return sum(m for m in mine if m is not None)
-        return sum(d.used_bytes for d in devices)
+        return self.gpu.used_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict (``version`` first) that ``json.dumps`` accepts."""

@@ -66,3 +66,20 @@ def test_import_touches_neither_tensorflow_nor_nvml() -> None:
             check=True,
         ).stdout
     )
+
+
+def test_fast_model_count_agrees_with_the_path_walk() -> None:
+    keras = pytest.importorskip("keras")
+    from kerasmagic.probes.keras_state import count_models, namespace_models
+
+    models = [keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]) for _ in range(4)]
+    history = keras.callbacks.History()
+    history.set_model(models[3])
+    ns = {
+        "a": models[0],
+        "nested": [models[1], {"k": models[2]}, (models[0],)],
+        "h": history,
+        "Out": {3: models[0]},
+        "numbers": list(range(10_000)),
+    }
+    assert count_models(ns) == len(namespace_models(ns)) == 4

@@ -72,6 +72,7 @@ def test_sampler_catches_a_peak_freed_before_the_cell_ends(ip: InteractiveShell)
 def test_subscribers_get_samples_during_a_cell_and_one_cell_event(ip: InteractiveShell) -> None:
     monitor = monitor_of(ip)
     monitor.sampler.interval_s = 0.05
+    time.sleep(0.6)  # let the thread finish the wait it began at the old 0.5 s interval
     events: list[tuple[str, str, Any]] = []
 
     def listen(kind: str, payload: Any) -> None:

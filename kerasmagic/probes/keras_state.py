@@ -110,6 +110,35 @@ def namespace_models(namespace: Mapping[str, Any]) -> dict[int, tuple[str, Any]]
     return found
 
 
+def count_models(namespace: Mapping[str, Any]) -> int:
+    """Count distinct models reachable as ``walk`` reaches them, without building paths.
+
+    This runs after every cell (the live monitor), so it is a flat loop, not ``walk``.
+    """
+    types, callbacks = model_types(), callback_types()
+    if not types:
+        return 0
+    found: set[int] = set()
+    stack: list[tuple[Any, int]] = [(namespace.get(name), 0) for name in scan_order(namespace)]
+    while stack:
+        obj, depth = stack.pop()
+        kind = type(obj)
+        if kind in _CONTAINERS:
+            if depth < MAX_DEPTH:
+                items = obj.values() if kind is dict else obj
+                stack.extend((item, depth + 1) for item in islice(items, MAX_ITEMS))
+        elif isinstance(obj, types):
+            found.add(id(obj))
+        elif callbacks and isinstance(obj, callbacks):
+            model = callback_model(obj)
+            if isinstance(model, types):
+                found.add(id(model))
+    return len(found)
+
+
+_CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
+
+
 def name_counter() -> int | None:
     """Return the total of Keras's auto-name counters (``dense_57`` makes it grow)."""
     state = sys.modules.get("keras.src.backend.common.global_state")
@@ -124,5 +153,5 @@ def read_keras(namespace: Mapping[str, Any] | None) -> KerasInfo:
     """Return Keras's state; models are counted only when a namespace is given."""
     if not model_types():
         return KerasInfo(imported=False, name_counter=None, live_models=None)
-    live = None if namespace is None else len(namespace_models(namespace))
+    live = None if namespace is None else count_models(namespace)
     return KerasInfo(imported=True, name_counter=name_counter(), live_models=live)

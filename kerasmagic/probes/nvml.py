@@ -42,6 +42,16 @@ class GpuInfo:
     message: str | None
     devices: tuple[GpuDevice, ...]
 
+    @property
+    def used_bytes(self) -> int | None:
+        """Return this process's VRAM over all GPUs, else the devices' total use, else None."""
+        if not self.devices:
+            return None
+        mine = [d.process_used_bytes for d in self.devices]
+        if all(m is not None for m in mine):
+            return sum(m for m in mine if m is not None)
+        return sum(d.used_bytes for d in self.devices)
+
 
 _lock = threading.Lock()
 _nvml: ModuleType | None = None
