@@ -37,7 +37,10 @@ def build():
     m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return m
 """
-BODY = "model = build()\nhistory = model.fit(x, y, epochs=1, verbose=0)\nmodel.predict(x[:256], verbose=0)"
+BODY = (
+    "model = build()\nhistory = model.fit(x, y, epochs=1, verbose=0)\n"
+    "model.predict(x[:256], verbose=0)"
+)
 CELLS = {
     "hand-written cleanup (del, clear_session, gc)": (
         "t0 = time.perf_counter()\ntry:\n    del model, history\nexcept NameError:\n    pass\n"
