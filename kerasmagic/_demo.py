@@ -10,6 +10,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -37,14 +38,11 @@ class LoopResult:
 
 
 def slope(values: list[float], skip: int) -> float:
-    """Return the least-squares slope of ``values`` against their index, after ``skip``."""
+    """Return the Theil-Sen slope of ``values`` per index after ``skip`` (robust to the
+    allocator's one-off jumps): the median of the slopes between every pair of points."""
     ys = values[skip:]
-    n = len(ys)
-    if n < 2:
-        return 0.0
-    mean_x, mean_y = (n - 1) / 2, sum(ys) / n
-    num = sum((i - mean_x) * (y - mean_y) for i, y in enumerate(ys))
-    return num / sum((i - mean_x) ** 2 for i in range(n))
+    pairs = [(ys[j] - ys[i]) / (j - i) for i in range(len(ys)) for j in range(i + 1, len(ys))]
+    return statistics.median(pairs) if pairs else 0.0
 
 
 def run_loop(variant: str, models: int, samples: int, skip: int) -> LoopResult:

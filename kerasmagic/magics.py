@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 from traitlets import Bool
 
-from kerasmagic.cellcode import compile_cell
+from kerasmagic.cellcode import compile_cell, run_padded
 from kerasmagic.cellparse import rebound_names
 from kerasmagic.cleanup import reset
 from kerasmagic.holders import live_models
@@ -165,11 +165,11 @@ class KerasMagics(Magics):
 
     def _run(self, code: str) -> Any:
         """Run transformed cell code in the user namespace; return its last expression's value."""
+        __tracebackhide__ = True  # read by IPython's traceback formatter
         cell = compile_cell(self.ip, code)
-        exec(cell.body, self.ip.user_global_ns, self.ip.user_ns)
-        if cell.last is None:
-            return None
-        return eval(cell.last, self.ip.user_global_ns, self.ip.user_ns)
+        glob, loc = self.ip.user_global_ns, self.ip.user_ns
+        run_padded(exec, cell.body, glob, loc)
+        return None if cell.last is None else run_padded(eval, cell.last, glob, loc)
 
 
 __all__ = ["KerasMagics"]
