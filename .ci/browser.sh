@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI for the JupyterLab sidebar: install Debian's Chromium and Python Playwright (no browser
 # download), build and install kerasmagic with its sidebar, check `jupyter labextension list`,
-# then drive a real JupyterLab in headless Chromium. Run from .ci/run after the main venv exists.
+# then drive a real JupyterLab and Notebook 7 in headless Chromium. Run from .ci/run after the
+# main venv exists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -12,7 +13,8 @@ if ! [ -x /usr/bin/chromium ]; then
 fi
 [ -d .venv ] || python3 -m venv .venv
 . .venv/bin/activate
-pip install -q "jupyterlab>=4.6.4,<5" playwright hatchling 'hatch-jupyter-builder>=0.9' editables
+pip install -q "jupyterlab>=4.6.4,<5" 'notebook>=7,<8' playwright hatchling \
+  'hatch-jupyter-builder>=0.9' editables
 
 # Build the sidebar (jlpm + webpack) unless an earlier install already did, then install it.
 if ! [ -f kerasmagic/labextension/static/style.js ]; then
@@ -24,6 +26,7 @@ grep -E "kerasmagic v[0-9.]+.*enabled.*OK" /tmp/labextensions.txt >/dev/null \
   || { echo "kerasmagic sidebar is not enabled and OK"; exit 1; }
 
 KERASMAGIC_REQUIRE_BROWSER=1 KERASMAGIC_SCREENSHOT="${KERASMAGIC_SCREENSHOT:-/tmp/sidebar.png}" \
+  KERASMAGIC_WIDGET_SCREENSHOT="${KERASMAGIC_WIDGET_SCREENSHOT:-/tmp/live_widget.png}" \
   pytest -q -p no:cacheprovider tests/browser tests/test_version.py
 
 echo "browser CI finished in $(( $(date +%s) - start )) s"

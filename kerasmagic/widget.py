@@ -118,7 +118,7 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
             f"peak: last cell {fmt_bytes(self.cell_peak_rss_bytes)}, "
             f"since then {fmt_bytes(self.running_peak_rss_bytes)}"
         )
-        rss = bar_html("RSS", ram.rss_bytes, ram.total_bytes, peaks)
+        rss = _tagged("rss", ram.rss_bytes, bar_html("RSS", ram.rss_bytes, ram.total_bytes, peaks))
         if self.gpu_used_bytes is None or not self.gpu_total_bytes:
             return rss + f"<div>VRAM: {html.escape(snap.gpu.message or snap.gpu.status)}</div>"
         tf = (
@@ -126,7 +126,8 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
             if self.tf_in_use_bytes is not None
             else "TF allocator n/a"
         )
-        return rss + bar_html("VRAM", self.gpu_used_bytes, self.gpu_total_bytes, tf)
+        vram = bar_html("VRAM", self.gpu_used_bytes, self.gpu_total_bytes, tf)
+        return rss + _tagged("vram", self.gpu_used_bytes, vram)
 
     def _figures_html(self) -> str:
         def opt(value: int | None) -> str:
@@ -150,6 +151,11 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
         return (
             f"<div style='color:#b71c1c;font-weight:bold'>&#9888; {html.escape(self.warning)}</div>"
         )
+
+
+def _tagged(key: str, value: int, inner: str) -> str:
+    """Wrap a bar in a div whose ``data-km-live``/``data-bytes`` let a page or test read it."""
+    return f"<div class='kerasmagic-{key}' data-km-live='{key}' data-bytes='{value}'>{inner}</div>"
 
 
 def _signed(n: int | None) -> str:

@@ -38,6 +38,7 @@ def test_traits_hold_the_values_shown(ip: InteractiveShell, monitor: LiveMonitor
     assert widget.cell_peak_rss_bytes == record.peak_rss_bytes
     assert widget.history_rss == [r.end.ram.rss_bytes for r in monitor.history()]
     assert fmt_bytes(widget.rss_bytes) in widget.children[0].value
+    assert f"data-km-live='rss' data-bytes='{widget.rss_bytes}'" in widget.children[0].value
     assert f"cell [2] RSS +{fmt_bytes(record.delta.rss_bytes)}" in widget.children[1].value
     assert widget.children[2].value.count(" ") > 0 and "<polyline" in widget.children[2].value
     assert widget.gpu_used_bytes is None and "VRAM" in widget.children[0].value

@@ -7,33 +7,23 @@ the final screenshot there (``docs/sidebar.png`` for the README).
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .conftest import (
+    MB,
+    Server,
+    run_cell,
+    wait_done,
+    wait_for_kernel,
+    wait_until,
+    write_notebook,
+)
+
 pytestmark = pytest.mark.slow
 
-CHROMIUM = os.environ.get("KERASMAGIC_CHROMIUM", "/usr/bin/chromium")
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-MB = 2**20
 CELLS = [
     "import os, time\nos.getpid()",
     "%load_ext kerasmagic",
@@ -49,179 +39,52 @@ CELLS = [
 ]
 
 
-def _missing() -> str | None:
-    try:
-        import jupyterlab  # noqa: F401
-        import playwright.sync_api  # noqa: F401
-        from jupyter_core.paths import jupyter_path
-    except ImportError as exc:
-        return f"needs playwright and jupyterlab: {exc}"
-    if not os.access(CHROMIUM, os.X_OK):
-        return f"no Chromium at {CHROMIUM} (apt-get install chromium)"
-    if not any(
-        (Path(p) / "kerasmagic" / "package.json").exists() for p in jupyter_path("labextensions")
-    ):
-        return "the kerasmagic sidebar is not installed (pip install . builds it)"
-    return None
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Start JupyterLab on 127.0.0.1 with throw-away Jupyter/IPython dirs; yield its URL."""
-    why = _missing()
-    if why is not None:
-        if os.environ.get("KERASMAGIC_REQUIRE_BROWSER") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
-    tmp = tmp_path_factory.mktemp("lab")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
-    for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR"):
-        (tmp / var).mkdir()
-        env[var] = str(tmp / var)
-    labconfig = tmp / "JUPYTER_CONFIG_DIR" / "labconfig"
-    labconfig.mkdir()
-    off = {"@jupyterlab/apputils-extension:announcements": True}  # its toast covers the page
-    (labconfig / "page_config.json").write_text(json.dumps({"disabledExtensions": off}))
-    root = tmp / "notebooks"
-    root.mkdir()
-    cells = [
-        {"cell_type": "code", "metadata": {}, "source": s, "outputs": [], "execution_count": None}
-        for s in CELLS
-    ]
-    notebook = {
-        "cells": cells,
-        "metadata": {
-            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
-        },
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    (root / "sidebar.ipynb").write_text(json.dumps(notebook))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = (tmp / "lab.log").open("w")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "lab",
-            "--no-browser",
-            "--allow-root",
-            f"--port={port}",
-            "--ServerApp.ip=127.0.0.1",
-            "--IdentityProvider.token=",
-            "--ServerApp.password=",
-            f"--ServerApp.root_dir={root}",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_for_http(f"{url}/api/status", server, tmp / "lab.log")
-        yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
-
-
-def _wait_for_http(url: str, server: subprocess.Popen[Any], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"jupyter lab exited:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise TimeoutError(f"jupyter lab did not answer at {url}:\n{log.read_text()[-3000:]}")
-
-
 def _figure(page: Any, key: str) -> int:
     return int(page.get_attribute(f'.jp-kerasmagic-panel [data-km="{key}"]', "data-bytes"))
-
-
-def _run_cell(page: Any, index: int, wait: bool = True, timeout_s: float = 90) -> Any:
-    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
-    cell.locator(".jp-InputArea-editor").click()
-    page.keyboard.press("Control+Enter")
-    if wait:
-        _wait_done(cell, timeout_s)
-    return cell
-
-
-def _wait_done(cell: Any, timeout_s: float = 90) -> None:
-    prompt = cell.locator(".jp-InputArea-prompt")
-    deadline = time.monotonic() + timeout_s
-    while not re.search(r"\[\d+\]", prompt.inner_text()):
-        assert time.monotonic() < deadline, f"cell still running: {prompt.inner_text()!r}"
-        time.sleep(0.2)
-
-
-def _wait_until(page: Any, js: str, arg: Any = None, timeout_s: float = 30) -> None:
-    page.wait_for_function(js, arg=arg, timeout=timeout_s * 1000, polling=200)
 
 
 STATUS_JS = "document.querySelector('.jp-kerasmagic-panel')?.dataset.status"
 RSS_JS = "Number(document.querySelector('.jp-kerasmagic-panel [data-km=\"rss\"]')?.dataset.bytes)"
 
 
-def test_sidebar_follows_the_kernel_and_frees_memory(lab: str) -> None:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        try:
-            _drive(page, lab)
-        finally:
-            browser.close()
-
-
-def _drive(page: Any, lab: str) -> None:
-    page.goto(f"{lab}/lab/tree/sidebar.ipynb")
+def test_sidebar_follows_the_kernel_and_frees_memory(lab: Server, page: Any) -> None:
+    write_notebook(lab.root, "sidebar.ipynb", CELLS)
+    page.goto(f"{lab.url}/lab/workspaces/sidebar/tree/sidebar.ipynb")
     page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=60000)
+    wait_for_kernel(page)
     page.click('.jp-SideBar .lm-TabBar-tab[data-id="kerasmagic-memory"]')
     panel = page.locator(".jp-kerasmagic-panel")
-    _wait_until(
+    wait_until(
         page, "document.querySelector('.jp-kerasmagic-panel')?.dataset.status === 'not-loaded'"
     )
     assert panel.locator('[data-km="load"]').is_visible()  # says so and offers the button
 
-    out = _run_cell(page, 0).locator(".jp-OutputArea-output").inner_text()
+    out = run_cell(page, 0).locator(".jp-OutputArea-output").inner_text()
     pid = int(out.strip())
-    _run_cell(page, 1)  # %load_ext kerasmagic: the sidebar connects by itself
-    _wait_until(page, "document.querySelector('.jp-kerasmagic-panel')?.dataset.status === 'live'")
+    run_cell(page, 1)  # %load_ext kerasmagic: the sidebar connects by itself
+    wait_until(page, "document.querySelector('.jp-kerasmagic-panel')?.dataset.status === 'live'")
     assert page.get_attribute('[data-km="kernel"]', "data-pid") == str(pid)
     status_text = page.inner_text(".jp-kerasmagic-status")
     assert status_text.startswith(("RSS ", "VRAM "))
 
     before = _figure(page, "rss")
-    _run_cell(page, 2)  # +300 MB
-    _wait_until(page, f"{RSS_JS} > {before + 250 * MB}")
+    run_cell(page, 2)  # +300 MB
+    wait_until(page, f"{RSS_JS} > {before + 250 * MB}")
 
     start = _figure(page, "rss")
-    running = _run_cell(page, 3, wait=False)  # 16 x 0.5 s, +20 MB each
-    _wait_until(page, f"{RSS_JS} > {start + 80 * MB}", timeout_s=7)
+    running = run_cell(page, 3, wait=False)  # 16 x 0.5 s, +20 MB each
+    wait_until(page, f"{RSS_JS} > {start + 80 * MB}", timeout_s=7)
     assert "[*]" in running.locator(".jp-InputArea-prompt").inner_text(), (
         "moved only after the cell"
     )
-    _wait_done(running)
+    wait_done(running)
 
     for index in (4, 5, 6):  # a named model, one held by Out[], one by a failed run's traceback
-        _run_cell(page, index)
-    _wait_until(page, "document.querySelector('[data-km=\"history\"]')?.dataset.cells >= 5")
+        run_cell(page, index)
+    wait_until(page, "document.querySelector('[data-km=\"history\"]')?.dataset.cells >= 5")
     held = _figure(page, "rss")
     page.click('.jp-kerasmagic-panel [data-km="free"]')
-    _wait_until(
+    wait_until(
         page,
         "document.querySelector('[data-km=\"free-result\"]')?.dataset.phase === 'done'",
         timeout_s=60,
@@ -239,8 +102,49 @@ def _drive(page: Any, lab: str) -> None:
     page.click('.lm-MenuBar-itemLabel:text-is("Kernel")')
     page.click('.lm-Menu-itemLabel:text-is("Restart Kernel…")')
     page.click(".jp-Dialog .jp-mod-accept")
-    _wait_until(page, f"{STATUS_JS} === 'not-loaded'", timeout_s=60)
+    wait_until(page, f"{STATUS_JS} === 'not-loaded'", timeout_s=60)
     page.click('.jp-kerasmagic-panel [data-km="load"]')
-    _wait_until(page, f"{STATUS_JS} === 'live'", timeout_s=60)
+    wait_until(page, f"{STATUS_JS} === 'live'", timeout_s=60)
     new_pid = page.get_attribute('[data-km="kernel"]', "data-pid")
     assert new_pid and new_pid != str(pid)
+
+
+def _activate(page: Any, name: str) -> Any:
+    """Click the main-area tab of notebook ``name``; return its panel."""
+    tab = page.locator(
+        ".lm-DockPanel-tabBar .lm-TabBar-tab",
+        has=page.locator(f'.lm-TabBar-tabLabel:text-is("{name}")'),
+    )
+    tab.click()
+    page.wait_for_selector(f'.lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current:has-text("{name}")')
+    return page.locator(f'[id="{tab.get_attribute("data-id")}"]')
+
+
+FOLLOWS_JS = """([pid, path]) => {
+  const panel = document.querySelector('.jp-kerasmagic-panel');
+  const kernel = panel?.querySelector('[data-km="kernel"]');
+  return panel?.dataset.status === 'live' && kernel?.dataset.pid === pid
+    && kernel.textContent.startsWith(path);
+}"""
+
+
+def test_sidebar_follows_the_active_notebook(lab: Server, page: Any) -> None:
+    names = ("one.ipynb", "two.ipynb")
+    for name in names:
+        write_notebook(lab.root, name, ["import os\nos.getpid()", "%load_ext kerasmagic"])
+    page.goto(f"{lab.url}/lab/workspaces/two-notebooks/tree/one.ipynb")
+    wait_for_kernel(page)
+    page.dblclick('.jp-DirListing-item[title^="Name: two.ipynb"]')
+    pids = {}
+    for name in names:
+        notebook = _activate(page, name)
+        wait_for_kernel(page)
+        out = run_cell(page, 0, scope=notebook).locator(".jp-OutputArea-output").inner_text()
+        pids[name] = out.strip()
+        run_cell(page, 1, scope=notebook)
+    assert pids["one.ipynb"] != pids["two.ipynb"], pids
+
+    page.click('.jp-SideBar .lm-TabBar-tab[data-id="kerasmagic-memory"]')
+    for name in (*names, *names):
+        _activate(page, name)
+        wait_until(page, FOLLOWS_JS, arg=[pids[name], name])
