@@ -15,6 +15,7 @@ from typing import Any
 
 MAX_DEPTH = 2  # how far into lists, tuples, dicts and sets of the namespace we look
 MAX_ITEMS = 256  # how many items of one container we look at (keeps the scan O(names))
+COUNT_ITEMS = 64  # the same for the count taken after every cell, which must stay cheap
 _NOT_USER = re.compile(r"^(_|__|___|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|exit|quit|get_ipython)$")
 _INPUT = re.compile(r"^_i+$|^_i\d+$")  # IPython's copies of cell sources: never models
 IPYTHON_PLAIN = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
@@ -63,7 +64,9 @@ def scan_order(namespace: Mapping[str, Any]) -> list[str]:
     for name in list(namespace):
         if name[:1] != "_" and name not in SKIP and name not in IPYTHON_PLAIN:
             user.append(name)  # fast path: most user names start with a letter
-        elif not _INPUT.match(name) and name not in SKIP:  # _i/_ii/_i12 hold input strings
+        elif name[:2] == "_i" and (name[2:].isdigit() or _INPUT.match(name)):
+            continue  # _i/_ii/_i12: IPython's copies of the input, one more per cell
+        elif name not in SKIP:
             (user if is_user_name(name) else ipython).append(name)
     return user + ipython
 
@@ -113,26 +116,28 @@ def namespace_models(namespace: Mapping[str, Any]) -> dict[int, tuple[str, Any]]
 def count_models(namespace: Mapping[str, Any]) -> int:
     """Count distinct models reachable as ``walk`` reaches them, without building paths.
 
-    This runs after every cell (the live monitor), so it is a flat loop, not ``walk``.
+    This runs after every cell (the live monitor), so it is a flat loop over one level at a
+    time, not ``walk``, and looks at the first ``COUNT_ITEMS`` items of each container.
     """
     types, callbacks = model_types(), callback_types()
     if not types:
         return 0
     found: set[int] = set()
-    stack: list[tuple[Any, int]] = [(namespace.get(name), 0) for name in scan_order(namespace)]
-    while stack:
-        obj, depth = stack.pop()
-        kind = type(obj)
-        if kind in _CONTAINERS:
-            if depth < MAX_DEPTH:
-                items = obj.values() if kind is dict else obj
-                stack.extend((item, depth + 1) for item in islice(items, MAX_ITEMS))
-        elif isinstance(obj, types):
-            found.add(id(obj))
-        elif callbacks and isinstance(obj, callbacks):
-            model = callback_model(obj)
-            if isinstance(model, types):
-                found.add(id(model))
+    level: list[Any] = [namespace.get(name) for name in scan_order(namespace)]
+    for depth in range(MAX_DEPTH + 1):
+        deeper: list[Any] = []
+        for obj in level:
+            kind = type(obj)
+            if kind in _CONTAINERS:
+                if depth < MAX_DEPTH:
+                    deeper.extend(islice(obj.values() if kind is dict else obj, COUNT_ITEMS))
+            elif isinstance(obj, types):
+                found.add(id(obj))
+            elif callbacks and isinstance(obj, callbacks):
+                model = callback_model(obj)
+                if isinstance(model, types):
+                    found.add(id(model))
+        level = deeper
     return len(found)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 import psutil
@@ -41,13 +42,26 @@ def _this_process() -> psutil.Process:
     return _process
 
 
+HOST_TTL_S = 1.0  # host totals change slowly; /proc/meminfo costs ~0.1 ms per read
+_host: tuple[float, int, int] = (float("-inf"), 0, 0)  # (read at, total, available)
+
+
+def _host_memory() -> tuple[int, int]:
+    global _host
+    now = time.monotonic()
+    if now - _host[0] > HOST_TTL_S:
+        vm = psutil.virtual_memory()
+        _host = (now, int(vm.total), int(vm.available))
+    return _host[1], _host[2]
+
+
 def read_ram() -> RamInfo:
     """Return this process's RSS and peak, and the host's total and available memory."""
     rss = _this_process().memory_info().rss
-    vm = psutil.virtual_memory()
+    total, available = _host_memory()
     return RamInfo(
         rss_bytes=int(rss),
         peak_rss_bytes=_peak_rss_bytes(),
-        total_bytes=int(vm.total),
-        available_bytes=int(vm.available),
+        total_bytes=total,
+        available_bytes=available,
     )
