@@ -71,17 +71,19 @@ def sampler_share(shell: InteractiveShell, seconds: float, busy: bool) -> float:
     return (thread_cpu_s(native_id) - before) / (time.perf_counter() - start)
 
 
-def with_parts(shell: InteractiveShell, cells: int, parts: tuple[str, ...]) -> float:
-    """Return the median cell time with the extension loaded with only ``parts``."""
+def cells_with_parts(shell: InteractiveShell, cells: int, parts: tuple[str, ...]) -> list[float]:
+    """Return each cell's time with the extension loaded with only ``parts``."""
     saved = _extension.PARTS
     _extension.PARTS = parts
     try:
         shell.run_line_magic("load_ext", "kerasmagic")
-        median = statistics.median(time_cells(shell, cells))
+        for _ in range(20):  # let the first snapshot and the sampler's start settle
+            shell.run_cell("pass", store_history=True)
+        times = time_cells(shell, cells)
         shell.run_line_magic("unload_ext", "kerasmagic")
     finally:
         _extension.PARTS = saved
-    return median
+    return times
 
 
 def main() -> dict[str, Any]:
@@ -92,10 +94,15 @@ def main() -> dict[str, Any]:
     args = parser.parse_args()
     shell = InteractiveShell.instance()
     shell.run_cell(NAMESPACE + (KERAS if args.keras else ""))
-    without = statistics.median(time_cells(shell, args.cells))
-    with_live = with_parts(shell, args.cells, ("kerasmagic.live",))
+    # Interleave the three set-ups in rounds: IPython's own per-cell cost drifts as its history
+    # grows, and measuring one set-up after another would charge that drift to the later ones.
+    rounds, times = 10, {"without": [], "live": [], "all": []}
+    for _ in range(rounds):
+        times["without"] += time_cells(shell, args.cells // rounds)
+        times["live"] += cells_with_parts(shell, args.cells // rounds, ("kerasmagic.live",))
+        times["all"] += cells_with_parts(shell, args.cells // rounds, _extension.PARTS)
+    without, with_live, with_all = (statistics.median(times[k]) for k in ("without", "live", "all"))
     shell.run_line_magic("load_ext", "kerasmagic")
-    with_all = statistics.median(time_cells(shell, args.cells))
     result = {
         "cells": args.cells,
         "keras_models_in_namespace": args.keras,
