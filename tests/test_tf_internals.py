@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import subprocess
 import sys
@@ -90,38 +89,37 @@ def test_user_frames_in_tf_error_messages_survive() -> None:
 
 
 REPRO = """
-import gc, sys, numpy as np, keras, psutil
+import sys, numpy as np, keras
 sys.path.insert(0, {root!r})
 from kerasmagic import reset, tfstack
 x = np.random.rand(128, 8).astype('float32'); y = np.random.randint(0, 2, 128)
-SRC = '''
-m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(2)])
-m.compile('adam', keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-m.fit(x, y, verbose=0)
-'''
+SRC = (
+    "m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(2)])\\n"
+    "m.compile('adam', keras.losses.SparseCategoricalCrossentropy(from_logits=True))\\n"
+    "m.fit(x, y, verbose=0)\\n"
+)
 ns = {{'keras': keras, 'x': x, 'y': y}}
-PATCH = {patch}
-rss = []
-for i in range(14):
-    exec(compile(SRC, f'<cell-{{i}}>', 'exec'), ns)  # a re-run cell is a new code object
-    reset(ns, rebinding=['m'], patch_stack_traces=PATCH)
-    if not PATCH:
-        tfstack.uninstall()
-    rss.append(psutil.Process().memory_info().rss)
-print((rss[-1] - rss[4]) / (len(rss) - 5) / 2**20)
+refs = {{}}
+for patch in (False, True):
+    if patch:
+        tfstack.install()
+    code = compile(SRC, f'<cell-{{patch}}>', 'exec')  # a re-run cell is a new code object
+    exec(code, ns)
+    reset(ns, rebinding=['m'], patch_stack_traces=patch)
+    refs[patch] = sys.getrefcount(code) - 2
+print(refs[False], refs[True])
 """
 
 
 @pytest.mark.slow
-def test_rerun_cells_stop_growing_with_string_stacks() -> None:
+def test_string_stacks_stop_pinning_old_cells_code() -> None:
+    # TensorFlow's C++ capture keeps a reference to a cell's code object for every distinct
+    # stack it records there, forever (invisible to gc); string stacks record none.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    slopes = {}
-    for patch in (False, True):
-        code = textwrap.dedent(REPRO.format(root=root, patch=patch))
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-        assert out.returncode == 0, out.stderr[-2000:]
-        slopes[patch] = float(out.stdout.strip().splitlines()[-1])
-    gc.collect()
-    assert slopes[False] > 0.25, slopes  # TF's frame cache: ~0.5 MB per re-run cell
-    assert slopes[True] < 0.15, slopes
+    code = textwrap.dedent(REPRO.format(root=root))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    unpatched, patched = map(int, out.stdout.split()[-2:])
+    assert unpatched > 100, (unpatched, patched)  # ~290 with TF 2.21 for one small fit
+    assert patched < unpatched / 5, (unpatched, patched)  # what is left: the eager path

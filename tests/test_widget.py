@@ -66,7 +66,9 @@ def test_warning_state_names_the_remedy(ip: InteractiveShell, monitor: LiveMonit
     widget = LiveWidget(monitor)
     run(ip, "keep = []")
     for _ in range(3):
-        run(ip, "keep.append(b'x' * (12 * 2**20))")
+        # 40 MB: above glibc's largest dynamic mmap threshold (32 MB), so each append really
+        # grows RSS instead of reusing heap that earlier tests freed.
+        run(ip, "keep.append(b'x' * (40 * 2**20))")
     assert widget.growing
     assert "%%fresh_model" in widget.warning and "--isolate" in widget.warning
     assert "&#9888;" in widget.children[3].value
