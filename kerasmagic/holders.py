@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kerasmagic.probes.keras_state import callback_types, model_types, scan_order, walk
-from kerasmagic.stale import _stored_tracebacks
+from kerasmagic.tracebacks import frame_locals, stored_tracebacks
 
 
 @dataclass(frozen=True)
@@ -62,15 +62,10 @@ def namespace_paths(namespace: Mapping[str, Any]) -> dict[int, list[str]]:
     for name in scan_order(namespace):
         for path, obj in walk(name, namespace.get(name), cbs):
             paths.setdefault(id(obj), []).append(path)
-    for label, tb in _stored_tracebacks():
-        walker: pytypes.TracebackType | None = tb
-        while walker is not None:
-            frame = walker.tb_frame
-            if frame.f_locals is not namespace:
-                for name, value in list(frame.f_locals.items()):
-                    for path, obj in walk(f"{label} ({frame.f_code.co_name}: {name})", value, cbs):
-                        paths.setdefault(id(obj), []).append(path)
-            walker = walker.tb_next
+    for label, tb in stored_tracebacks():
+        for root, value in frame_locals(label, tb, namespace):
+            for path, obj in walk(root, value, cbs):
+                paths.setdefault(id(obj), []).append(path)
     return paths
 
 

@@ -9,12 +9,9 @@ model, and stored tracebacks drop their frames' locals.
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import re
-import sys
 import types as pytypes
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +24,7 @@ from kerasmagic.probes.keras_state import (
     scan_order,
     walk,
 )
+from kerasmagic.tracebacks import clear_frames, frame_locals, stored_tracebacks
 
 Action = tuple[str, Callable[[], None]]
 
@@ -137,51 +135,20 @@ def _set(ns: MutableMapping[str, Any], name: str, value: Any) -> Callable[[], No
     return lambda: ns.__setitem__(name, value)
 
 
-def _stored_tracebacks() -> Iterator[tuple[str, pytypes.TracebackType]]:
-    seen: set[int] = set()
-    for attr in ("last_traceback", "last_value", "last_exc"):
-        obj = getattr(sys, attr, None)
-        while obj is not None and id(obj) not in seen:
-            seen.add(id(obj))
-            tb = (
-                obj
-                if isinstance(obj, pytypes.TracebackType)
-                else getattr(obj, "__traceback__", None)
-            )
-            if tb is not None:
-                yield f"sys.{attr}", tb
-            obj = getattr(obj, "__context__", None) if isinstance(obj, BaseException) else None
-
-
 def _release_tracebacks(plan: Plan, ns: MutableMapping[str, Any], types: tuple[type, ...]) -> None:
-    for label, tb in _stored_tracebacks():
-        found: list[tuple[str, Any]] = []
-        walker: pytypes.TracebackType | None = tb
-        while walker is not None:
-            frame = walker.tb_frame
-            if frame.f_locals is not ns:  # a cell's own frame: its locals are the namespace
-                for name, value in list(frame.f_locals.items()):
-                    found += _models_in(
-                        value, f"{label} ({frame.f_code.co_name}: {name})", types, ()
-                    )
-            walker = walker.tb_next
+    for label, tb in stored_tracebacks():
+        found = [
+            m
+            for path, value in frame_locals(label, tb, ns)
+            for m in _models_in(value, path, types, ())
+        ]
         if found:
             plan.stale.update((id(m), (p, m)) for p, m in found)
             plan.actions.append((label, _clear_frames(tb)))
 
 
 def _clear_frames(tb: pytypes.TracebackType) -> Callable[[], None]:
-    def act() -> None:
-        walker: pytypes.TracebackType | None = tb
-        while walker is not None:
-            frame = walker.tb_frame
-            with contextlib.suppress(RuntimeError):  # a frame still running stays as it is
-                frame.clear()
-            if frame.f_code.co_flags & inspect.CO_OPTIMIZED:
-                _ = frame.f_locals  # Python 3.11 keeps a stale locals dict until re-synced
-            walker = walker.tb_next
-
-    return act
+    return lambda: clear_frames(tb)
 
 
 def _cut_callback_links(
