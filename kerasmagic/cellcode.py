@@ -39,10 +39,12 @@ def compile_cell(shell: Any, code: str) -> CompiledCell:
         return cached
     tree = shell.transform_ast(ast.parse(code))
     filename = shell.compile.cache(code)
+    flags = shell.compile.flags  # the shell's __future__ flags, not this module's
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = compile(ast.Expression(tree.body.pop().value), filename, "eval")
-    compiled = CompiledCell(compile(tree, filename, "exec"), last)
+        expr = ast.Expression(tree.body.pop().value)
+        last = compile(expr, filename, "eval", flags=flags, dont_inherit=True)
+    compiled = CompiledCell(compile(tree, filename, "exec", flags=flags, dont_inherit=True), last)
     _cache[code] = compiled
     if len(_cache) > MAX_CELLS:
         _cache.popitem(last=False)

@@ -83,7 +83,13 @@ class LiveMonitor(Configurable):
 
     # -- IPython events (main thread) ------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
-        """Take the cell's start snapshot and reset the in-cell peaks."""
+        """Take the cell's start snapshot and reset the in-cell peaks (never raises)."""
+        try:
+            self._pre_run_cell(info)
+        except Exception:
+            log.exception("kerasmagic: recording the start of a cell failed")
+
+    def _pre_run_cell(self, info: Any) -> None:
         snap = self._start_snapshot()
         self._start = (snap, source_hash(getattr(info, "raw_cell", "") or ""))
         self._latest = snap
@@ -101,7 +107,13 @@ class LiveMonitor(Configurable):
         return dataclasses.replace(latest, time_s=time.time(), ram=read_ram())
 
     def post_run_cell(self, result: Any) -> None:
-        """Record the cell, judge the history, and tell subscribers."""
+        """Record the cell, judge the history, and tell subscribers (never raises)."""
+        try:
+            self._post_run_cell(result)
+        except Exception:
+            log.exception("kerasmagic: recording a cell failed")
+
+    def _post_run_cell(self, result: Any) -> None:
         if self._start is None:
             return
         start, key = self._start
@@ -129,7 +141,8 @@ class LiveMonitor(Configurable):
         self._runs_of[key] = runs  # most recently run last
         if len(self._runs_of) > MAX_SOURCES:
             del self._runs_of[next(iter(self._runs_of))]  # the least recently run cell
-        self._latest = end
+        with self._lock:
+            self._latest = end
         self._verdict = self.detector.judge(history, self._runs_of)
         self._emit("cell", record)
 
@@ -139,7 +152,10 @@ class LiveMonitor(Configurable):
         if base is None:
             return
         snap = dataclasses.replace(base, time_s=time.time(), ram=ram, gpu=gpu, tf=tf)
-        self._latest = snap
+        with self._lock:  # a cell's end snapshot may have landed meanwhile: it wins
+            if self._latest is not base:
+                return
+            self._latest = snap
         self._emit("sample", snap)
 
     def _emit(self, kind: str, payload: Any) -> None:

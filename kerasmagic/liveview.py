@@ -87,6 +87,7 @@ class LinePrinter:
 
 
 _printers: weakref.WeakKeyDictionary[LiveMonitor, LinePrinter] = weakref.WeakKeyDictionary()
+_widgets: weakref.WeakKeyDictionary[LiveMonitor, Any] = weakref.WeakKeyDictionary()
 
 
 def start_live(shell: Any, monitor: LiveMonitor) -> Any:
@@ -94,7 +95,10 @@ def start_live(shell: Any, monitor: LiveMonitor) -> Any:
     if getattr(shell, "kernel", None) is not None:
         from kerasmagic.widget import LiveWidget
 
-        widget = LiveWidget(monitor)
+        old = _widgets.pop(monitor, None)
+        if old is not None:  # one live widget per kernel: the newest display replaces it
+            old.close()
+        widget = _widgets[monitor] = LiveWidget(monitor)
         display(widget)
         return widget
     if monitor not in _printers:

@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 from traitlets import Bool
 
-from kerasmagic.cellcode import compile_cell, run_padded
+from kerasmagic.cellcode import CompiledCell, compile_cell, run_padded
 from kerasmagic.cellparse import rebound_names
 from kerasmagic.cleanup import reset
 from kerasmagic.holders import live_models
@@ -143,6 +143,7 @@ class KerasMagics(Magics):
         if any(getattr(args, name) is not None for name in ISOLATE_FLAGS):
             raise UsageError("--inputs, --outputs, --timeout, --gpus and --on need --isolate")
         code = self.ip.transform_cell(cell)
+        compiled = compile_cell(self.ip, code)  # a cell that cannot compile drops nothing
         report = reset(
             self.ip.user_ns,
             rebinding=rebound_names(code),
@@ -157,16 +158,15 @@ class KerasMagics(Magics):
             return None
         rss_before = read_ram().rss_bytes
         try:
-            return self._run(code)
+            return self._run(compiled)
         finally:
             if not args.quiet:
                 cell_delta = fmt_bytes(read_ram().rss_bytes - rss_before)
                 print(f"kerasmagic: {report.summary()}; cell RSS {cell_delta}")
 
-    def _run(self, code: str) -> Any:
-        """Run transformed cell code in the user namespace; return its last expression's value."""
+    def _run(self, cell: CompiledCell) -> Any:
+        """Run a compiled cell in the user namespace; return its last expression's value."""
         __tracebackhide__ = True  # read by IPython's traceback formatter
-        cell = compile_cell(self.ip, code)
         glob, loc = self.ip.user_global_ns, self.ip.user_ns
         run_padded(exec, cell.body, glob, loc)
         return None if cell.last is None else run_padded(eval, cell.last, glob, loc)

@@ -27,6 +27,7 @@ class Sampler:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._running_cell = False
+        self._cell = 0  # counts cell starts, so a late reading never lands in the next cell
         self._peak_rss = 0
         self._peak_gpu: int | None = None
         self._thread: threading.Thread | None = None
@@ -61,6 +62,7 @@ class Sampler:
         """Reset the peaks to the cell's start values; samples come every tick until it ends."""
         with self._lock:
             self._running_cell = True
+            self._cell += 1
             self._peak_rss, self._peak_gpu = rss_bytes, gpu_bytes
 
     def cell_finished(self, rss_bytes: int, gpu_bytes: int | None) -> tuple[int, int | None]:
@@ -78,9 +80,11 @@ class Sampler:
     def sample_once(self) -> None:
         """Read the probes once, update the peaks and report; log (never raise) failures."""
         try:
+            with self._lock:
+                cell = self._cell
             ram, gpu, tf = read_ram(), read_gpus(), read_tf()
             with self._lock:
-                if self._running_cell:
+                if self._running_cell and self._cell == cell:
                     self._update(ram.rss_bytes, gpu.used_bytes)
             self.samples += 1
             self._on_sample(ram, gpu, tf)

@@ -38,34 +38,44 @@ class Plan:
     kept: dict[int, tuple[str, Any]] = field(default_factory=dict)
 
 
+def _stale(plan: Plan, found: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Keep the models of ``found`` that no kept name holds: only those are worth a cut."""
+    return [(path, model) for path, model in found if id(model) not in plan.kept]
+
+
 def _models_in(
     obj: Any, path: str, types: tuple[type, ...], cbs: tuple[type, ...]
 ) -> list[tuple[str, Any]]:
     return [(p, o) for p, o in walk(path, obj, cbs) if isinstance(o, types)]
 
 
-def _strip(obj: Any, types: tuple[type, ...], depth: int = 0) -> Any:
-    """Return ``obj`` with models replaced by None (lists and dicts in place, tuples anew)."""
+def _strip(obj: Any, types: tuple[type, ...], kept: frozenset[int], depth: int = 0) -> Any:
+    """Return ``obj`` with stale models replaced by None (lists and dicts in place, tuples and
+    frozensets rebuilt); models also held under a kept name stay."""
     if isinstance(obj, types):
-        return None
+        return obj if id(obj) in kept else None
     if depth >= MAX_DEPTH:
         return obj
     if isinstance(obj, list):
         for i, item in enumerate(obj):
-            new = _strip(item, types, depth + 1)
+            new = _strip(item, types, kept, depth + 1)
             if new is not item:
                 obj[i] = new
     elif isinstance(obj, dict):
         for key, item in list(obj.items()):
-            new = _strip(item, types, depth + 1)
+            new = _strip(item, types, kept, depth + 1)
             if new is not item:
                 obj[key] = new
     elif isinstance(obj, tuple):
-        items = [_strip(item, types, depth + 1) for item in obj]
+        items = [_strip(item, types, kept, depth + 1) for item in obj]
         if any(new is not old for new, old in zip(items, obj, strict=True)):
             return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    elif isinstance(obj, set):
-        obj.difference_update([item for item in obj if isinstance(item, types)])
+    elif isinstance(obj, (set, frozenset)):
+        stale = [item for item in obj if isinstance(item, types) and id(item) not in kept]
+        if isinstance(obj, set):
+            obj.difference_update(stale)
+        elif stale:
+            return frozenset(obj.difference(stale))
     return obj
 
 
@@ -74,11 +84,11 @@ def _unbind(ns: MutableMapping[str, Any], name: str) -> Callable[[], None]:
 
 
 def _strip_binding(
-    ns: MutableMapping[str, Any], name: str, types: tuple[type, ...]
+    ns: MutableMapping[str, Any], name: str, types: tuple[type, ...], kept: frozenset[int]
 ) -> Callable[[], None]:
     def act() -> None:
         if name in ns:
-            ns[name] = _strip(ns[name], types)
+            ns[name] = _strip(ns[name], types, kept)
 
     return act
 
@@ -88,7 +98,7 @@ def _release_names(
 ) -> None:
     for name in names:
         value = ns.get(name)
-        found = _models_in(value, name, types, ())
+        found = _stale(plan, _models_in(value, name, types, ()))
         if not found:
             continue
         if isinstance(value, types):
@@ -97,7 +107,7 @@ def _release_names(
             plan.actions.append(
                 (
                     f"{found[0][0]}" + (f" (+{len(found) - 1})" if len(found) > 1 else ""),
-                    _strip_binding(ns, name, types),
+                    _strip_binding(ns, name, types, frozenset(plan.kept)),
                 )
             )
         plan.stale.update((id(m), (p, m)) for p, m in found)
@@ -109,12 +119,12 @@ def _release_output_cache(
     out = ns.get("Out")
     if isinstance(out, dict):
         for key, value in list(out.items()):
-            found = _models_in(value, f"Out[{key}]", types, ())
+            found = _stale(plan, _models_in(value, f"Out[{key}]", types, ()))
             if found:
                 plan.stale.update((id(m), (p, m)) for p, m in found)
                 plan.actions.append((f"Out[{key}]", _forget_output(ns, out, key)))
     for name in ("_", "__", "___"):
-        found = _models_in(ns.get(name), name, types, ())
+        found = _stale(plan, _models_in(ns.get(name), name, types, ()))
         if found:
             plan.stale.update((id(m), (p, m)) for p, m in found)
             plan.actions.append((name, _set(ns, name, "")))
@@ -142,6 +152,7 @@ def _release_tracebacks(plan: Plan, ns: MutableMapping[str, Any], types: tuple[t
             for path, value in frame_locals(label, tb, ns)
             for m in _models_in(value, path, types, ())
         ]
+        found = _stale(plan, found)
         if found:
             plan.stale.update((id(m), (p, m)) for p, m in found)
             plan.actions.append((label, _clear_frames(tb)))
@@ -178,15 +189,15 @@ def _release_shell(plan: Plan, shell: Any, types: tuple[type, ...]) -> None:
     """IPython keeps its own references: the display hook's ``_``s and the last result."""
     hook = getattr(shell, "displayhook", None)
     for name in ("_", "__", "___"):
-        if _models_in(getattr(hook, name, None), name, types, ()):
+        if _stale(plan, _models_in(getattr(hook, name, None), name, types, ())):
             plan.actions.append((f"displayhook.{name}", _setattr(hook, name, "")))
     hidden = getattr(shell, "user_ns_hidden", None)  # push(interactive=False) copies _, _N here
     if isinstance(hidden, dict):
         for name, value in list(hidden.items()):
-            if re.fullmatch(r"_+|_\d+", name) and _models_in(value, name, types, ()):
+            if re.fullmatch(r"_+|_\d+", name) and _stale(plan, _models_in(value, name, types, ())):
                 plan.actions.append((f"displayhook.{name}", _set(hidden, name, "")))
     last = getattr(shell, "last_execution_result", None)
-    found = _models_in(getattr(last, "result", None), "last result", types, ())
+    found = _stale(plan, _models_in(getattr(last, "result", None), "last result", types, ()))
     if found:
         plan.stale.update((id(m), (p, m)) for p, m in found)
         plan.actions.append(("last result", _setattr(last, "result", None)))

@@ -70,7 +70,7 @@ def _graphs_of(grad_fn: Any, graph_type: type) -> list[Any]:
 
 
 def _park(entries: dict[str, Any], name: str, graph_type: type) -> list[weakref.ref[Any]] | None:
-    """Move one entry from the registry onto its graphs; return weak references to them."""
+    """Copy one entry onto its graphs; return weak references to them (None: no graph)."""
     entry = entries[name]
     graphs = _graphs_of(entry.get("type"), graph_type) if isinstance(entry, dict) else []
     if not graphs:
@@ -79,7 +79,6 @@ def _park(entries: dict[str, Any], name: str, graph_type: type) -> list[weakref.
         if getattr(graph, _PARKED, None) is None:
             setattr(graph, _PARKED, {})
         getattr(graph, _PARKED)[name] = entry
-    del entries[name]
     return [weakref.ref(graph) for graph in graphs]
 
 
@@ -108,8 +107,9 @@ def purge_custom_gradients(collect: Callable[[], object] = gc.collect) -> PurgeR
             refs = _park(entries, name, graph_type)
             if refs is None:
                 unknown += 1
-            else:
-                parked[name] = refs
+                continue
+            parked[name] = refs  # recorded before removal, so the finally can always restore
+            del entries[name]
         collect()
     finally:  # even on Ctrl-C: never leave a live graph without its gradient
         kept = sum(_unpark(entries, name, refs) for name, refs in parked.items())

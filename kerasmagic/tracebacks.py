@@ -12,7 +12,8 @@ from typing import Any
 
 def stored_tracebacks() -> Iterator[tuple[str, pytypes.TracebackType]]:
     """Yield ``("sys.last_...", traceback)`` for each stored error and the errors it chains."""
-    seen: set[int] = set()
+    seen: set[int] = set()  # errors (and tracebacks) already followed
+    yielded: set[int] = set()  # tracebacks already yielded: one error has up to three names
     for attr in ("last_traceback", "last_value", "last_exc"):
         obj = getattr(sys, attr, None)
         while obj is not None and id(obj) not in seen:
@@ -22,7 +23,8 @@ def stored_tracebacks() -> Iterator[tuple[str, pytypes.TracebackType]]:
                 if isinstance(obj, pytypes.TracebackType)
                 else getattr(obj, "__traceback__", None)
             )
-            if tb is not None:
+            if tb is not None and id(tb) not in yielded:
+                yielded.add(id(tb))
                 yield f"sys.{attr}", tb
             obj = getattr(obj, "__context__", None) if isinstance(obj, BaseException) else None
 

@@ -285,3 +285,40 @@ def test_unload_removes_magics(ip: InteractiveShell) -> None:
     assert ip.find_cell_magic("fresh_model") is None and ip.find_line_magic("gpu_mem") is None
     ip.run_line_magic("load_ext", "kerasmagic")
     assert ip.find_cell_magic("fresh_model") is not None
+
+
+def test_model_shared_with_a_kept_name_survives_stripping(kip: InteractiveShell) -> None:
+    run(kip, "m0 = build()\nresults = [{'model': m0, 'score': 0.5}]\nbest = results[0]\ndel m0")
+    fresh(kip, "results = []")
+    assert kip.user_ns["best"]["model"] is not None  # kept under `best`, so not cut anywhere
+    assert kip.user_ns["best"]["score"] == 0.5
+
+
+def test_cells_compile_with_the_shells_future_flags(kip: InteractiveShell) -> None:
+    fresh(kip, "def f(x: int) -> int:\n    return x\nann = f.__annotations__", line="-q")
+    assert kip.user_ns["ann"] == {"x": int, "return": int}  # not the strings 'int'
+
+
+def test_keras_settings_survive_the_reset(kip: InteractiveShell) -> None:
+    run(kip, "keras.mixed_precision.set_global_policy('mixed_float16')")
+    try:
+        fresh(kip, "policy = keras.mixed_precision.global_policy().name", line="-q")
+        assert kip.user_ns["policy"] == "mixed_float16"
+    finally:
+        run(kip, "keras.mixed_precision.set_global_policy('float32')")
+
+
+def test_output_holding_only_a_kept_model_stays(kip: InteractiveShell) -> None:
+    run(kip, "base = build()")
+    run(kip, "base")
+    n = kip.execution_count - 1
+    fresh(kip, "z = 1", line="-q")
+    assert kip.user_ns["Out"][n] is kip.user_ns["base"]
+
+
+def test_a_cell_that_does_not_compile_drops_nothing(kip: InteractiveShell) -> None:
+    run(kip, "model = build()")
+    old = ref_to(kip, "model")
+    with pytest.raises(SyntaxError):
+        fresh(kip, "model = build()\nreturn 5")
+    assert kip.user_ns["model"] is old()

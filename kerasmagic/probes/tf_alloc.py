@@ -26,9 +26,15 @@ class TfInfo:
 
 
 def tf_context() -> Any | None:
-    """Return TensorFlow's eager context if TensorFlow is imported, without importing it."""
+    """Return TensorFlow's eager context if TensorFlow is imported, without importing it.
+
+    None while ``import tensorflow`` is still running (another thread may be sampling).
+    """
     module = sys.modules.get("tensorflow.python.eager.context")
-    return None if module is None else module.context()
+    top = sys.modules.get("tensorflow")
+    if module is None or top is None or getattr(top.__spec__, "_initializing", False):
+        return None
+    return module.context()
 
 
 def runtime_initialized() -> bool:
