@@ -132,3 +132,17 @@ def test_rendered_rows_show_each_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_snapshot_totals_prefer_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
     inject(monkeypatch, make_pynvml(two_gpus()))
     assert take_snapshot().gpu_used_bytes == 4 * GB
+
+
+def test_static_device_facts_are_read_once_per_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = make_pynvml(two_gpus())
+    calls: list[object] = []
+    get_name = fake.nvmlDeviceGetName
+    monkeypatch.setattr(fake, "nvmlDeviceGetName", lambda h: calls.append(h) or get_name(h))
+    inject(monkeypatch, fake)
+    for _ in range(3):  # what the sampler does every 0.5 s
+        assert [d.name for d in nvml.read_gpus().devices] == ["NVIDIA H200", "NVIDIA H200"]
+    assert len(calls) == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # a new visibility is resolved again
+    assert [d.uuid for d in nvml.read_gpus().devices] == ["GPU-bbbb-1111"]
+    assert len(calls) == 3

@@ -76,9 +76,9 @@ def _session() -> ModuleType:
 
 def shutdown() -> None:
     """Shut NVML down and forget failures; the next reading initialises it again."""
-    global _nvml, _failure
+    global _nvml, _failure, _visible
     with _lock:
-        module, _nvml, _failure = _nvml, None, None
+        module, _nvml, _failure, _visible = _nvml, None, None, None
     if module is not None:
         with contextlib.suppress(Exception):
             module.nvmlShutdown()
@@ -124,16 +124,42 @@ def _process_used_bytes(nvml: ModuleType, handle: Any) -> int | None:
     return 0
 
 
-def _device(nvml: ModuleType, cuda_index: int, nvml_index: int | None, handle: Any) -> GpuDevice:
-    mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+@dataclass(frozen=True)
+class _Visible:
+    """What never changes about a visible device while NVML stays initialised."""
+
+    nvml_index: int | None
+    handle: Any
+    uuid: str
+    name: str
+
+
+_visible: tuple[str | None, list[_Visible]] | None = None  # (CUDA_VISIBLE_DEVICES, devices)
+
+
+def _visible_devices(nvml: ModuleType) -> list[_Visible]:
+    """Resolve the visible devices once per NVML session and CUDA_VISIBLE_DEVICES value."""
+    global _visible
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if _visible is None or _visible[0] != spec:
+        devices = [
+            _Visible(n, h, _text(nvml.nvmlDeviceGetUUID(h)), _text(nvml.nvmlDeviceGetName(h)))
+            for n, h in _visible_handles(nvml)
+        ]
+        _visible = (spec, devices)
+    return _visible[1]
+
+
+def _device(nvml: ModuleType, cuda_index: int, visible: _Visible) -> GpuDevice:
+    mem = nvml.nvmlDeviceGetMemoryInfo(visible.handle)
     return GpuDevice(
         cuda_index=cuda_index,
-        nvml_index=nvml_index,
-        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-        name=_text(nvml.nvmlDeviceGetName(handle)),
+        nvml_index=visible.nvml_index,
+        uuid=visible.uuid,
+        name=visible.name,
         total_bytes=int(mem.total),
         used_bytes=int(mem.used),
-        process_used_bytes=_process_used_bytes(nvml, handle),
+        process_used_bytes=_process_used_bytes(nvml, visible.handle),
     )
 
 
@@ -150,13 +176,15 @@ def read_gpus() -> GpuInfo:
     except Exception as exc:
         _failure = GpuInfo("no_driver", f"no NVIDIA driver: {exc}", ())
         return _failure
+    global _visible
     try:
-        handles = _visible_handles(nvml)
-        if not handles:
+        visible = _visible_devices(nvml)
+        if not visible:
             if int(nvml.nvmlDeviceGetCount()) == 0:
                 return GpuInfo("no_gpu", "the NVIDIA driver reports no GPU", ())
             return GpuInfo("hidden", "CUDA_VISIBLE_DEVICES hides every GPU", ())
-        devices = tuple(_device(nvml, i, n, h) for i, (n, h) in enumerate(handles))
+        devices = tuple(_device(nvml, i, v) for i, v in enumerate(visible))
     except Exception as exc:
+        _visible = None  # a lost or reset GPU: resolve the devices again next time
         return GpuInfo("error", f"NVML error: {exc}", ())
     return GpuInfo("ok", None, devices)
