@@ -127,11 +127,6 @@ def _malloc_trim() -> None:
         ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
 
 
-def _tf_bytes() -> int | None:
-    devices = read_tf().devices
-    return sum(d.current_bytes for d in devices) if devices else None
-
-
 def _ipython_shell() -> Any | None:
     ipython = sys.modules.get("IPython")
     return None if ipython is None else ipython.get_ipython()
@@ -164,7 +159,7 @@ def reset(
     kept = tuple(path for path, _ in plan.kept.values())
     if dry_run:
         return CleanupReport(dropped, kept, (), 0, None, None, time.perf_counter() - start, True)
-    rss_before, tf_before = read_ram().rss_bytes, _tf_bytes()
+    rss_before, tf_before = read_ram().rss_bytes, read_tf().current_bytes
     watched = [(path, weakref.ref(model)) for path, model in plan.stale.values()]
     for _, act in plan.actions:
         act()
@@ -177,7 +172,7 @@ def reset(
         notes.append(purge.message)
     _malloc_trim()
     not_freed = _survivors(watched, ns)
-    tf_after = _tf_bytes()
+    tf_after = read_tf().current_bytes
     return CleanupReport(
         dropped=dropped,
         kept=kept,

@@ -31,6 +31,14 @@ RUNS_KEPT = 32  # per cell source, for the leak detector (more than any sane min
 MAX_SOURCES = 512
 
 
+def _never_raise(hook: Callable[[Any], None], arg: Any) -> None:
+    """Run a cell hook; a failure is logged, never shown as an error after the user's cell."""
+    try:
+        hook(arg)
+    except Exception:
+        log.exception("kerasmagic: %s failed", hook.__name__)
+
+
 class LiveMonitor(Configurable):
     """Records every cell of one shell and publishes samples; configure as ``c.LiveMonitor``."""
 
@@ -84,10 +92,7 @@ class LiveMonitor(Configurable):
     # -- IPython events (main thread) ------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
         """Take the cell's start snapshot and reset the in-cell peaks (never raises)."""
-        try:
-            self._pre_run_cell(info)
-        except Exception:
-            log.exception("kerasmagic: recording the start of a cell failed")
+        _never_raise(self._pre_run_cell, info)
 
     def _pre_run_cell(self, info: Any) -> None:
         snap = self._start_snapshot()
@@ -108,10 +113,7 @@ class LiveMonitor(Configurable):
 
     def post_run_cell(self, result: Any) -> None:
         """Record the cell, judge the history, and tell subscribers (never raises)."""
-        try:
-            self._post_run_cell(result)
-        except Exception:
-            log.exception("kerasmagic: recording a cell failed")
+        _never_raise(self._post_run_cell, result)
 
     def _post_run_cell(self, result: Any) -> None:
         if self._start is None:

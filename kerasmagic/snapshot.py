@@ -96,18 +96,13 @@ def _minus(after: int | None, before: int | None) -> int | None:
     return None if after is None or before is None else after - before
 
 
-def _tf_current(snap: MemorySnapshot) -> int | None:
-    devices = snap.tf.devices
-    return sum(d.current_bytes for d in devices) if devices else None
-
-
 def diff(before: MemorySnapshot, after: MemorySnapshot) -> SnapshotDelta:
     """Return what changed from ``before`` to ``after``."""
     return SnapshotDelta(
         elapsed_s=after.time_s - before.time_s,
         rss_bytes=after.ram.rss_bytes - before.ram.rss_bytes,
         gpu_used_bytes=_minus(after.gpu_used_bytes, before.gpu_used_bytes),
-        tf_current_bytes=_minus(_tf_current(after), _tf_current(before)),
+        tf_current_bytes=_minus(after.tf.current_bytes, before.tf.current_bytes),
         default_graph_ops=_minus(after.graph.default_graph_ops, before.graph.default_graph_ops),
         custom_gradients=_minus(after.graph.custom_gradients, before.graph.custom_gradients),
         functions=_minus(after.graph.functions, before.graph.functions),

@@ -24,6 +24,11 @@ class TfInfo:
     initialized: bool
     devices: tuple[TfDeviceMemory, ...]
 
+    @property
+    def current_bytes(self) -> int | None:
+        """Return the allocator's bytes in use over all GPUs, or None without a GPU allocator."""
+        return sum(d.current_bytes for d in self.devices) if self.devices else None
+
 
 def tf_context() -> Any | None:
     """Return TensorFlow's eager context if TensorFlow is imported, without importing it.
