@@ -1,12 +1,13 @@
 """The kernel side of the JupyterLab sidebar: a ``kerasmagic`` comm target (docs/protocol.md).
 
 The frontend opens a comm and asks for a snapshot, the history or a cleanup; the kernel pushes
-the live monitor's samples and cell records. Every request is checked against a closed list of
-message types: a malformed or unknown one gets an error reply and changes nothing.
+the live monitor's samples and cell records. Requests are validated by ``kerasmagic.commproto``
+and everything is sent through ``kerasmagic.commsend`` so it stays on the comm's subshell.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -15,56 +16,37 @@ from typing import Any
 import comm as comm_pkg
 
 from kerasmagic._version import __version__
-from kerasmagic.cleanup import reset
+from kerasmagic.cleanup import CleanupReport, reset
+from kerasmagic.commproto import MAX_ID_CHARS, PROTOCOL, REQUESTS, check, clip, message, request_id
+from kerasmagic.commsend import send
 from kerasmagic.live import LiveMonitor, get_monitor
 from kerasmagic.snapshot import MemorySnapshot, take_snapshot
 
+log = logging.getLogger(__name__)
 TARGET = "kerasmagic"
-PROTOCOL = 1
-REQUESTS = ("snapshot", "history", "free_memory")
-FIELDS = frozenset({"protocol", "type", "id"})
-MAX_ID_CHARS = 64
 HISTORY_CELLS = 30  # cells sent with "state" and "history"
 MIN_PUSH_INTERVAL_S = 0.4  # at most ~2 samples a second on the wire
-
-
-def message(kind: str, **fields: Any) -> dict[str, Any]:
-    """Return a kernel-to-frontend message of type ``kind``."""
-    return {"protocol": PROTOCOL, "type": kind, **fields}
-
-
-def check(data: Any, allowed: tuple[str, ...]) -> str | None:
-    """Return why ``data`` is not a valid request of an ``allowed`` type, or None if it is."""
-    if not isinstance(data, dict):
-        return "a request must be a JSON object"
-    extra = sorted(set(data) - FIELDS)
-    if extra:
-        return f"unknown fields {extra}; a request has only {sorted(FIELDS)}"
-    version = data.get("protocol")
-    if type(version) is not int or version != PROTOCOL:
-        return f"unsupported protocol {version!r}; this kernel speaks protocol {PROTOCOL}"
-    if data.get("type") not in allowed:
-        return f"unknown request type {data.get('type')!r}; expected one of {list(allowed)}"
-    if allowed != ("hello",) and _request_id(data) is None:
-        return f"'id' must be a non-empty string of at most {MAX_ID_CHARS} characters"
-    return None
-
-
-def _request_id(data: Any) -> str | None:
-    rid = data.get("id") if isinstance(data, dict) else None
-    return rid if isinstance(rid, str) and 0 < len(rid) <= MAX_ID_CHARS else None
+Cleanup = Callable[..., CleanupReport]
+__all__ = ["MAX_ID_CHARS", "PROTOCOL", "TARGET", "Sidebar", "load", "unload"]
 
 
 class Sidebar:
     """The open sidebar comms of one shell: answers their requests, pushes monitor updates."""
 
-    def __init__(self, shell: Any, magics: Any, monitor: LiveMonitor | None) -> None:
+    def __init__(
+        self, shell: Any, magics: Any, monitor: LiveMonitor | None, cleanup: Cleanup = reset
+    ) -> None:
         self._shell = shell
         self._magics = magics
         self._monitor = monitor
+        self._cleanup = cleanup
         self._comms: dict[str, Any] = {}
+        self._homes: dict[str, dict[str, Any]] = {}  # comm id -> the last message it received
         self._lock = threading.Lock()
         self._last_push_s = 0.0
+        self._free_waiters: list[tuple[Any, str]] = []  # requests the pending cleanup answers
+        self._freeing = False
+        self._freed_since = False  # a cleanup ran after the last recorded cell
         self._unsubscribe: Callable[[], None] | None = None
         if monitor is not None:
             self._unsubscribe = monitor.subscribe(self._on_monitor)
@@ -79,13 +61,18 @@ class Sidebar:
             return
         with self._lock:
             self._comms[comm.comm_id] = comm
+            self._homes[comm.comm_id] = msg
         comm.on_msg(lambda m: self._on_request(comm, m))
         comm.on_close(lambda _m: self._forget(comm.comm_id))
-        comm.send(self._state())
+        self._send(comm, self._state())
+
+    def _send(self, comm: Any, data: dict[str, Any]) -> None:
+        send(comm, data, self._homes.get(comm.comm_id), getattr(self._shell, "kernel", None))
 
     def _forget(self, comm_id: str) -> None:
         with self._lock:
             self._comms.pop(comm_id, None)
+            self._homes.pop(comm_id, None)
 
     def close(self) -> None:
         """Stop pushing and close every comm (the frontends then show "not loaded")."""
@@ -101,22 +88,24 @@ class Sidebar:
         with self._lock:
             comms = list(self._comms.values())
         for comm in comms:
-            comm.send(data)
+            self._send(comm, data)
 
     # -- requests (shell thread, or a subshell thread with Lab's comms-over-subshells) ------
     def _on_request(self, comm: Any, msg: dict[str, Any]) -> None:
+        self._homes[comm.comm_id] = msg
         data = msg["content"].get("data")
         problem = check(data, REQUESTS)
         if problem is not None:
-            comm.send(message("error", id=_request_id(data), error=problem))
+            self._send(comm, message("error", id=request_id(data), error=problem))
             return
         kind, rid = data["type"], data["id"]
         if kind == "snapshot":
-            comm.send(message("reply", id=rid, request=kind, snapshot=self._snapshot().to_dict()))
+            snap = self._snapshot().to_dict()
+            self._send(comm, message("reply", id=rid, request=kind, snapshot=snap))
         elif kind == "history":
-            comm.send(message("reply", id=rid, request=kind, **self._history()))
+            self._send(comm, message("reply", id=rid, request=kind, **self._history()))
         else:
-            self._on_main_thread(lambda: comm.send(self._free(rid)))
+            self._request_free(comm, rid)
 
     def _on_main_thread(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` now on the main thread, else queue it there (after the running cell)."""
@@ -126,21 +115,45 @@ class Sidebar:
         else:
             loop.add_callback(fn)
 
-    def _free(self, rid: str) -> dict[str, Any]:
-        """Run the cleanup ``%%fresh_model`` runs before a cell, with no names to rebind."""
-        report = reset(
-            self._shell.user_ns,
-            shell=self._shell,
-            patch_stack_traces=bool(getattr(self._magics, "patch_stack_traces", True)),
-        )
-        return message(
-            "reply",
-            id=rid,
-            request="free_memory",
-            report=report.to_dict(),
-            summary=report.summary(),
-            snapshot=self._snapshot().to_dict(),
-        )
+    def _request_free(self, comm: Any, rid: str) -> None:
+        """Queue a cleanup, or join the one already queued: each request gets its result."""
+        with self._lock:
+            self._free_waiters.append((comm, rid))
+            if self._freeing:
+                return
+            self._freeing = True
+        self._on_main_thread(self._free)
+
+    def _free(self) -> None:
+        fields = self._free_fields()
+        with self._lock:
+            waiters, self._free_waiters = self._free_waiters, []
+            self._freeing = False
+        kind = "reply" if "report" in fields else "error"
+        for comm, rid in waiters:
+            self._send(comm, message(kind, id=rid, **fields))
+
+    def _free_fields(self) -> dict[str, Any]:
+        """Run the cleanup ``%%fresh_model`` runs before a cell, then push a full snapshot."""
+        namespace = self._shell.user_ns
+        patch = bool(getattr(self._magics, "patch_stack_traces", True))
+        try:
+            before = take_snapshot(namespace)
+            report = self._cleanup(namespace, shell=self._shell, patch_stack_traces=patch)
+            self._freed_since = True
+            self._last_push_s = float("-inf")  # the refresh below is pushed at once
+            after = take_snapshot(namespace) if self._monitor is None else self._monitor.refresh()
+        except Exception as exc:
+            log.exception("kerasmagic: free_memory failed")
+            return {"error": clip(f"free_memory failed: {type(exc).__name__}: {exc}")}
+        return {
+            "request": "free_memory",
+            "report": report.to_dict(),
+            "summary": report.summary(),
+            "before": before.to_dict(),
+            "snapshot": after.to_dict(),
+            "verdict": self._verdict(),
+        }
 
     def _snapshot(self) -> MemorySnapshot:
         """Return a fresh snapshot on the main thread; elsewhere the monitor's latest."""
@@ -150,14 +163,17 @@ class Sidebar:
             return take_snapshot(self._shell.user_ns if on_main else None, functions=on_main)
         return latest
 
+    def _verdict(self) -> dict[str, Any] | None:
+        """Return the leak verdict, saying whether memory was freed since it was reached."""
+        if self._monitor is None:
+            return None
+        return {**self._monitor.verdict().to_dict(), "freed_since": self._freed_since}
+
     def _history(self) -> dict[str, Any]:
         if self._monitor is None:
             return {"history": [], "verdict": None}
         cells = self._monitor.history()[-HISTORY_CELLS:]
-        return {
-            "history": [c.to_dict() for c in cells],
-            "verdict": self._monitor.verdict().to_dict(),
-        }
+        return {"history": [c.to_dict() for c in cells], "verdict": self._verdict()}
 
     def _state(self) -> dict[str, Any]:
         snap = self._snapshot()
@@ -170,7 +186,7 @@ class Sidebar:
             **self._history(),
         )
 
-    # -- pushes (sampler thread for samples, main thread for cells) --------------------------
+    # -- pushes (sampler thread for samples, main thread for cells and refreshes) -------------
     def _on_monitor(self, kind: str, payload: Any) -> None:
         if not self._comms:  # no sidebar open: serialise nothing (this runs after every cell)
             return
@@ -179,10 +195,11 @@ class Sidebar:
             if now - self._last_push_s < MIN_PUSH_INTERVAL_S:
                 return
             self._last_push_s = now
-            self.broadcast(message("sample", snapshot=payload.to_dict()))
-        elif kind == "cell" and self._monitor is not None:
-            verdict = self._monitor.verdict().to_dict()
-            self.broadcast(message("cell", cell=payload.to_dict(), verdict=verdict))
+            snap = payload.to_dict()
+            self.broadcast(message("sample", snapshot=snap, verdict=self._verdict()))
+        elif kind == "cell":
+            self._freed_since = False
+            self.broadcast(message("cell", cell=payload.to_dict(), verdict=self._verdict()))
 
 
 _sidebars: dict[int, Sidebar] = {}

@@ -89,6 +89,18 @@ class LiveMonitor(Configurable):
         """Return the leak detector's verdict on the history so far."""
         return self._verdict
 
+    def refresh(self) -> MemorySnapshot:
+        """Take a full snapshot (main thread only), make it the latest and emit it as a sample.
+
+        For a cleanup between cells: later samples then build on its Keras and graph figures
+        instead of those of the last cell's end.
+        """
+        snap = take_snapshot(self._shell.user_ns)
+        with self._lock:
+            self._latest = snap
+        self._emit("sample", snap)
+        return snap
+
     # -- IPython events (main thread) ------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
         """Take the cell's start snapshot and reset the in-cell peaks (never raises)."""

@@ -23,7 +23,7 @@ from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 from tornado.ioloop import IOLoop
 
-from kerasmagic.comm import MAX_ID_CHARS, MIN_PUSH_INTERVAL_S, PROTOCOL, TARGET
+from kerasmagic.comm import MAX_ID_CHARS, MIN_PUSH_INTERVAL_S, PROTOCOL, TARGET, Sidebar
 from kerasmagic.live import get_monitor
 from kerasmagic.snapshot import SCHEMA_VERSION, MemorySnapshot
 
@@ -229,3 +229,89 @@ def test_unload_closes_open_sidebars(
     assert TARGET not in manager.targets
     shell.run_line_magic("load_ext", "kerasmagic")  # the fixture unloads it again
     assert TARGET in manager.targets
+
+
+BIG = "x" * 100_000
+OVERSIZED = [
+    pytest.param({"protocol": 1, "type": BIG, "id": "x"}, id="type"),
+    pytest.param({"protocol": BIG, "type": "snapshot", "id": "x"}, id="protocol"),
+    pytest.param({"protocol": 1, "type": "snapshot", "id": "x", BIG: 1}, id="field-name"),
+    pytest.param(
+        {"protocol": 1, "type": "snapshot", "id": "x", **{f"f{i}": 1 for i in range(9999)}},
+        id="many-fields",
+    ),
+]
+
+
+@pytest.mark.parametrize("data", OVERSIZED)
+def test_errors_never_echo_more_than_a_few_hundred_characters(
+    manager: Manager, sidebar: RecordingComm, data: dict[str, Any]
+) -> None:
+    send(manager, data)
+    (error,) = sidebar.sent("error")
+    assert 0 < len(error["error"]) <= 500, len(error["error"])
+
+
+@pytest.mark.parametrize(
+    "hello",
+    [
+        pytest.param({"protocol": 1, "type": "hello", "id": "h"}, id="id"),
+        pytest.param({"protocol": 1, "type": "hello", "code": "import os"}, id="code"),
+    ],
+)
+def test_hello_with_unknown_fields_is_refused(
+    shell: InteractiveShell, manager: Manager, hello: dict[str, Any]
+) -> None:
+    refused = open_comm(manager, hello, comm_id="bad")
+    (error,) = refused.sent("error")
+    assert "unknown fields" in error["error"]
+    assert refused.published[-1][0] == "comm_close"
+    assert "bad" not in manager.comms
+
+
+def test_a_failing_cleanup_gets_an_error_reply(shell: InteractiveShell, manager: Manager) -> None:
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("registry is gone " + BIG)
+
+    sidebar = Sidebar(shell, None, get_monitor(shell), cleanup=broken)
+    manager.register_target("kerasmagic-test", sidebar.open)
+    content = {"comm_id": "f", "target_name": "kerasmagic-test", "data": HELLO}
+    manager.comm_open(None, "", {"content": content})  # type: ignore[arg-type]
+    opened = manager.created[-1]
+    try:
+        send(manager, {"protocol": 1, "type": "free_memory", "id": "f-1"}, comm_id="f")
+        (error,) = opened.sent("error", "reply")
+        assert error["type"] == "error" and error["id"] == "f-1"
+        assert "RuntimeError: registry is gone" in error["error"]
+        assert len(error["error"]) <= 500
+        send(manager, {"protocol": 1, "type": "free_memory", "id": "f-2"}, comm_id="f")
+        assert [e["id"] for e in opened.sent("error")] == ["f-1", "f-2"]  # not stuck "freeing"
+    finally:
+        sidebar.close()
+
+
+def test_after_a_free_the_pushed_figures_are_fresh_and_the_verdict_says_freed(
+    manager: Manager, sidebar: RecordingComm, kip: InteractiveShell
+) -> None:
+    run(kip, "kept = build()")
+    run(kip, "build()")  # only Out[] holds this one
+    assert sidebar.sent("cell")[-1]["cell"]["end"]["keras"]["live_models"] == 2
+    assert sidebar.sent("cell")[-1]["verdict"]["freed_since"] is False
+    send(manager, {"protocol": 1, "type": "free_memory", "id": "f-1"})
+    (reply,) = sidebar.sent("reply")
+    assert reply["snapshot"]["keras"]["live_models"] == 1
+    assert reply["before"]["keras"]["live_models"] == 2  # the free's own before/after
+    assert reply["before"]["time_s"] < reply["snapshot"]["time_s"]
+    assert reply["verdict"]["freed_since"] is True
+    pushed = sidebar.sent("sample")[-1]  # every open sidebar sees the fresh snapshot at once
+    assert pushed["snapshot"] == reply["snapshot"]
+    time.sleep(MIN_PUSH_INTERVAL_S)
+    monitor = get_monitor(kip)
+    assert monitor is not None
+    monitor.sampler.sample_once()  # a later sample builds on the fresh figures, not the cell's
+    later = sidebar.sent("sample")[-1]
+    assert later["snapshot"]["time_s"] > reply["snapshot"]["time_s"]
+    assert later["snapshot"]["keras"]["live_models"] == 1
+    assert later["verdict"]["freed_since"] is True
+    run(kip, "y2 = 1")
+    assert sidebar.sent("cell")[-1]["verdict"]["freed_since"] is False
