@@ -29,7 +29,7 @@ def _gpu_rows(snap: MemorySnapshot) -> list[Row]:
     rows = []
     for d in snap.gpu.devices:
         mine = (
-            "unknown (NVML PIDs not matchable)"
+            d.process_note or "unknown"
             if d.process_used_bytes is None
             else fmt_bytes(d.process_used_bytes)
         )
@@ -40,6 +40,8 @@ def _gpu_rows(snap: MemorySnapshot) -> list[Row]:
                 f"{fmt_bytes(d.total_bytes)} used, this kernel {mine}",
             )
         )
+    if snap.gpu.message:  # a stale reading says how old it is
+        rows.append(("GPU", snap.gpu.message))
     return rows
 
 

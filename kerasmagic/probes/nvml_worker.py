@@ -1,0 +1,70 @@
+"""One daemon thread that runs a blocking read, so a hung driver never stalls its callers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class DeadlineWorker(Generic[T]):
+    """Run ``fn`` on one daemon thread; each caller waits for the result at most a deadline.
+
+    At most one ``fn`` runs at a time and nothing queues behind it: a caller that finds a call in
+    flight (a hung driver, or another thread's reading) waits on that call instead of starting a
+    second one. The thread is a daemon, so a call that never returns cannot block exit.
+    """
+
+    def __init__(self, fn: Callable[[], T], name: str) -> None:
+        self._fn = fn
+        self._name = name
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._job: futures.Future[T] | None = None
+        self._thread: threading.Thread | None = None
+
+    def call(self, timeout_s: float) -> T:
+        """Return ``fn()``'s result, or raise ``TimeoutError`` after ``timeout_s``."""
+        try:
+            return self._current().result(timeout_s)
+        except futures.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
+            raise TimeoutError(f"no answer within {timeout_s} s") from None
+
+    def busy(self) -> bool:
+        """Return True while a call is in flight."""
+        job = self._job
+        return job is not None and not job.done()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the call in flight; return True if none is left."""
+        job = self._job
+        return job is None or not futures.wait([job], timeout_s).not_done
+
+    def _current(self) -> futures.Future[T]:
+        with self._lock:
+            alive = self._thread is not None and self._thread.is_alive()  # False after a fork
+            if alive and self._job is not None and not self._job.done():
+                return self._job
+            job: futures.Future[T] = futures.Future()
+            self._job = job
+            if not alive:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._wake.set()
+            return job
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            with self._lock:
+                self._wake.clear()
+                job = self._job
+            if job is None or job.done():
+                continue
+            try:
+                job.set_result(self._fn())
+            except Exception as exc:  # handed to the waiting caller, not lost in the thread
+                job.set_exception(exc)
