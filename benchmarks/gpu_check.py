@@ -5,6 +5,10 @@
 2. The same tiny fit as ``%%fresh_model`` (in this process) and ``%%fresh_model --isolate``,
    side by side: wall time, and this process's VRAM and RSS afterwards.
 
+3. NVML: time of the first reading (nvmlInit), of a reading through the 150 ms deadline the cell
+   hooks use (median and worst of 200; none may come back stale), and of the recovery after a
+   user's own ``pynvml.nvmlShutdown()``.
+
 Run: ``python benchmarks/gpu_check.py`` (prints JSON). Without a GPU it says so and still runs
 every code path on CPU.
 """
@@ -19,7 +23,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import kerasmagic
-from kerasmagic.probes import read_ram
+from kerasmagic.probes import nvml, read_ram
 from kerasmagic.probes.nvml import read_gpus
 
 TRIALS = 5
@@ -42,10 +46,43 @@ def trial(seed: int) -> float:
 
 def vram_bytes() -> int | None:
     """Return the VRAM this process holds over all GPUs, or None without a GPU."""
-    gpus = read_gpus()
+    gpus = read_gpus(timeout_s=10)  # a figure, not a cell hook: wait for a fresh one
     if not gpus.devices:
         return None
     return sum(d.process_used_bytes or 0 for d in gpus.devices)
+
+
+def _timed(fn: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    return fn(), (time.perf_counter() - start) * 1000
+
+
+def nvml_checks(reads: int = 200) -> dict[str, Any]:
+    """Return NVML's start-up, per-reading and restart-after-user-shutdown figures (ms)."""
+    nvml.shutdown()
+    first, init_ms = _timed(lambda: read_gpus(timeout_s=30))
+    if first.status != "ok":
+        return {"status": first.status, "message": first.message, "first_read_ms": init_ms}
+    timed = [_timed(read_gpus) for _ in range(reads)]
+    ms = sorted(t for _, t in timed)
+    import pynvml
+
+    while True:  # what a user's own cell does, until NVML is really down
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError_Uninitialized:
+            break
+    again, restart_ms = _timed(lambda: read_gpus(timeout_s=30))
+    return {
+        "first_read_ms": round(init_ms, 1),
+        "read_median_ms": round(ms[len(ms) // 2], 3),
+        "read_max_ms": round(ms[-1], 3),
+        "stale_or_failed_reads": sum(r.status != "ok" for r, _ in timed),
+        "deadline_ms": nvml.DEADLINE_S * 1000,
+        "after_user_shutdown": {"status": again.status, "message": again.message},
+        "restart_ms": round(restart_ms, 1),
+        "process_notes": sorted({d.process_note or "-" for d in again.devices}),
+    }
 
 
 def side_by_side() -> dict[str, Any]:
@@ -67,7 +104,7 @@ def side_by_side() -> dict[str, Any]:
 
 
 def main() -> dict[str, Any]:
-    gpus = read_gpus()
+    gpus = read_gpus(timeout_s=30)
     before = vram_bytes()
     start = time.perf_counter()
     losses = [kerasmagic.run_isolated(trial, i) for i in range(TRIALS)]
@@ -78,6 +115,7 @@ def main() -> dict[str, Any]:
         "kernel_vram_bytes_before": before,
         "kernel_vram_bytes_after_isolated_trials": after,
         "vram_flat": None if before is None else before == after,
+        "nvml": nvml_checks(),
         "isolated_trials": TRIALS,
         "isolated_trials_wall_s": round(isolated_s, 2),
         "trial_losses": [round(v, 4) for v in losses],

@@ -18,11 +18,33 @@ pytestmark = pytest.mark.gpu
 
 def test_nvml_reads_every_visible_gpu() -> None:
     nvml.shutdown()
-    info = nvml.read_gpus()
+    info = nvml.read_gpus(timeout_s=30)  # nvmlInit alone may take longer than the deadline
     assert info.status == "ok", info.message
     for device in info.devices:
         assert device.total_bytes > 2**30 and 0 <= device.used_bytes <= device.total_bytes
         assert device.uuid.startswith(("GPU-", "MIG-"))
+        if device.process_used_bytes is None:  # containers list host PIDs: say so
+            assert device.process_note and "\n" not in device.process_note
+    readings = [nvml.read_gpus() for _ in range(20)]  # the deadline a cell's hooks use
+    assert [r.status for r in readings] == ["ok"] * 20, readings[-1].message
+
+
+def test_nvml_restarts_after_a_users_own_shutdown() -> None:
+    import pynvml
+
+    nvml.shutdown()
+    assert nvml.read_gpus(timeout_s=30).status == "ok"
+    while True:  # what a user's cell does, until NVML is really down
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError_Uninitialized:
+            break
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlDeviceGetCount()
+    info = nvml.read_gpus(timeout_s=30)
+    assert info.status == "ok", info.message
+    assert info.devices and info.devices[0].total_bytes > 2**30
+    assert int(pynvml.nvmlDeviceGetCount()) >= 1  # NVML is up again for the user, too
 
 
 GROWTH = """
