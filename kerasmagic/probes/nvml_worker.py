@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from typing import Generic, TypeVar
@@ -24,12 +25,18 @@ class DeadlineWorker(Generic[T]):
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._job: futures.Future[T] | None = None
+        self._started = 0.0  # time.monotonic() when the newest call was asked for
         self._thread: threading.Thread | None = None
 
     def call(self, timeout_s: float) -> T:
-        """Return ``fn()``'s result, or raise ``TimeoutError`` after ``timeout_s``."""
+        """Return ``fn()``'s result, or raise ``TimeoutError`` once it has run ``timeout_s``.
+
+        The deadline counts from the call's start: joining a call that already hangs past it
+        costs nothing, so a hung driver costs one deadline, not one per caller.
+        """
+        job, started = self._current()
         try:
-            return self._current().result(timeout_s)
+            return job.result(max(0.0, started + timeout_s - time.monotonic()))
         except futures.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
             raise TimeoutError(f"no answer within {timeout_s} s") from None
 
@@ -43,18 +50,19 @@ class DeadlineWorker(Generic[T]):
         job = self._job
         return job is None or not futures.wait([job], timeout_s).not_done
 
-    def _current(self) -> futures.Future[T]:
+    def _current(self) -> tuple[futures.Future[T], float]:
+        """Return the call in flight, or a new one, and when it was asked for."""
         with self._lock:
             alive = self._thread is not None and self._thread.is_alive()  # False after a fork
             if alive and self._job is not None and not self._job.done():
-                return self._job
+                return self._job, self._started
             job: futures.Future[T] = futures.Future()
-            self._job = job
+            self._job, self._started = job, time.monotonic()
             if not alive:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
             self._wake.set()
-            return job
+            return job, self._started
 
     def _loop(self) -> None:
         while True:
