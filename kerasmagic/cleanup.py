@@ -99,7 +99,8 @@ def _restore_keras_settings(saved: dict[str, Any]) -> None:
 
 
 def reset_backend() -> list[str]:
-    """Reset Keras's global state (names, graphs, kernel caches), keep its user settings."""
+    """Reset Keras's global state (names, graphs, kernel caches), keep its user settings, then
+    each backend in use (TF's default graph, JAX's compilation caches, torch's caches)."""
     done = []
     saved = _keras_settings()
     for name in ("keras", "tf_keras"):
@@ -113,9 +114,9 @@ def reset_backend() -> list[str]:
             clear()
         done.append(name)
     _restore_keras_settings(saved)
-    if not done and "tensorflow" in sys.modules:
-        sys.modules["tensorflow"].compat.v1.reset_default_graph()
-        done.append("tensorflow")
+    from kerasmagic.backends import reset_active  # TF's default graph, JAX's jit caches, torch's
+
+    done.extend(reset_active())
     return done
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+from kerasmagic.backends import LABELS, NAMES, BackendDevice, BackendInfo, unsupported
 from kerasmagic.holders import LiveModel
 from kerasmagic.snapshot import MemorySnapshot
 
@@ -62,6 +63,63 @@ def _tf_row(snap: MemorySnapshot) -> Row:
     )
 
 
+def _device_text(d: BackendDevice) -> str:
+    figures = [
+        ("in use", d.in_use_bytes),
+        ("peak", d.peak_bytes),
+        ("reserved", d.reserved_bytes),
+        ("limit", d.limit_bytes),
+    ]
+    shown = [f"{what} {fmt_bytes(n)}" for what, n in figures if n is not None]
+    return ", ".join(shown) or "no allocator figures on this device"
+
+
+def _cache_text(b: BackendInfo) -> str | None:
+    c = b.caches
+    parts = []
+    if "live_arrays" in c:
+        parts.append(f"{c['live_arrays']} live arrays ({fmt_bytes(c.get('live_array_bytes'))})")
+    if "compiled" in c:
+        parts.append(f"{c['compiled']} compiled executables")
+    if "compiled_frames" in c:
+        parts.append(f"{c['compiled_frames']} torch.compile frames")
+    return ", ".join(parts) or None
+
+
+def backend_rows(b: BackendInfo) -> list[Row]:
+    """Return the rows of one non-TensorFlow backend: version, devices, caches, notes."""
+    label = LABELS.get(b.name, b.name)
+    where = "devices not started yet" if b.platform is None else f"on {b.platform.upper()}"
+    head = f"{b.name} {b.version or '?'} {where}" + (", Keras's backend" if b.keras else "")
+    rows = [(label, head)]
+    rows += [(f"{label} {d.name}", _device_text(d)) for d in b.devices]
+    caches = _cache_text(b)
+    if caches:
+        rows.append((f"{label} caches", caches))
+    rows += [(f"{label} note", note) for note in b.notes]
+    return rows
+
+
+def _backends(snap: MemorySnapshot) -> list[Row]:
+    """Rows of the backends in use; TensorFlow's own rows when TF is in use or nothing is."""
+    rows = [r for b in snap.backends if b.name != "tensorflow" for r in backend_rows(b)]
+    name = snap.keras_backend
+    if name is not None and name not in NAMES:
+        rows.insert(0, ("Backend", unsupported(name)))
+    if snap.tf.imported or not rows:
+        rows += [_tf_row(snap), _graph_row(snap)]
+    return rows
+
+
+def _graph_row(snap: MemorySnapshot) -> Row:
+    graph = [
+        _opt(snap.graph.default_graph_ops, "ops in the default graph"),
+        _opt(snap.graph.custom_gradients, "custom gradients registered"),
+        _opt(snap.graph.functions, "traced functions"),
+    ]
+    return ("Graph", ", ".join(g for g in graph if g) or "TensorFlow not imported")
+
+
 def _opt(n: int | None, what: str) -> str | None:
     return None if n is None else f"{n} {what}"
 
@@ -70,11 +128,6 @@ def snapshot_rows(snap: MemorySnapshot) -> list[Row]:
     """Return (label, value) rows for every figure in a snapshot."""
     ram = snap.ram
     peak = max(ram.peak_rss_bytes or 0, ram.rss_bytes)
-    graph = [
-        _opt(snap.graph.default_graph_ops, "ops in the default graph"),
-        _opt(snap.graph.custom_gradients, "custom gradients registered"),
-        _opt(snap.graph.functions, "traced functions"),
-    ]
     keras = [
         _opt(snap.keras.live_models, "live models in the namespace"),
         _opt(snap.keras.name_counter, "auto-named layers (name counter)"),
@@ -86,8 +139,7 @@ def snapshot_rows(snap: MemorySnapshot) -> list[Row]:
             f"{fmt_bytes(ram.available_bytes)} free of {fmt_bytes(ram.total_bytes)}",
         ),
         *_gpu_rows(snap),
-        _tf_row(snap),
-        ("Graph", ", ".join(g for g in graph if g) or "TensorFlow not imported"),
+        *_backends(snap),
         ("Keras", ", ".join(k for k in keras if k) or "Keras not imported"),
     ]
 

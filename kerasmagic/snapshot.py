@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kerasmagic.backends import BackendInfo, keras_backend, read_active
+from kerasmagic.backends.tensorflow import info as tensorflow_info
 from kerasmagic.probes import (
     GpuDevice,
     GpuInfo,
@@ -39,6 +41,14 @@ class MemorySnapshot:
     tf: TfInfo
     graph: GraphInfo
     keras: KerasInfo
+    keras_backend: str | None = None  # what Keras runs on, once imported
+    backends: tuple[BackendInfo, ...] = ()  # every backend in use, Keras's own first
+
+    @property
+    def backend(self) -> BackendInfo | None:
+        """Return the figures of the backend Keras runs on (else the first in use), or None."""
+        mine = [b for b in self.backends if b.keras] or list(self.backends)
+        return mine[0] if mine else None
 
     @property
     def gpu_used_bytes(self) -> int | None:
@@ -70,6 +80,8 @@ class MemorySnapshot:
             ),
             graph=GraphInfo(**data["graph"]),
             keras=KerasInfo(**data["keras"]),
+            keras_backend=data.get("keras_backend"),
+            backends=tuple(BackendInfo.from_dict(b) for b in data.get("backends", ())),
         )
 
 
@@ -86,6 +98,8 @@ class SnapshotDelta:
     functions: int | None
     live_models: int | None
     name_counter: int | None
+    backend_bytes: int | None = None  # the Keras backend's allocator, all devices
+    backend_caches: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict for JSON."""
@@ -108,19 +122,36 @@ def diff(before: MemorySnapshot, after: MemorySnapshot) -> SnapshotDelta:
         functions=_minus(after.graph.functions, before.graph.functions),
         live_models=_minus(after.keras.live_models, before.keras.live_models),
         name_counter=_minus(after.keras.name_counter, before.keras.name_counter),
+        backend_bytes=_minus(_backend_bytes(after), _backend_bytes(before)),
+        backend_caches=_cache_deltas(before, after),
     )
+
+
+def _backend_bytes(snap: MemorySnapshot) -> int | None:
+    return None if snap.backend is None else snap.backend.in_use_bytes
+
+
+def _cache_deltas(before: MemorySnapshot, after: MemorySnapshot) -> dict[str, int]:
+    """Return ``after - before`` of each cache figure of the same backend in both."""
+    old, new = before.backend, after.backend
+    if old is None or new is None or old.name != new.name:
+        return {}
+    return {k: v - old.caches[k] for k, v in new.caches.items() if k in old.caches}
 
 
 def take_snapshot(
     namespace: Mapping[str, Any] | None = None, *, functions: bool = True
 ) -> MemorySnapshot:
     """Read every probe once; ``namespace`` lets Keras models be counted."""
+    tf, graph = read_tf(), read_graph(functions=functions)
     return MemorySnapshot(
         time_s=time.time(),
         pid=os.getpid(),
         ram=read_ram(),
         gpu=read_gpus(),
-        tf=read_tf(),
-        graph=read_graph(functions=functions),
+        tf=tf,
+        graph=graph,
         keras=read_keras(namespace),
+        keras_backend=keras_backend(),
+        backends=read_active({"tensorflow": tensorflow_info(tf, graph)}),
     )

@@ -1,4 +1,5 @@
-"""GPU memory settings for TensorFlow that only work before its runtime starts."""
+"""GPU memory settings that only work before a backend starts its devices (TF here; JAX and
+PyTorch in ``kerasmagic.backends``)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,21 @@ TOO_LATE = (
 
 
 def configure_gpus(growth: bool = False, limit_mb: int | None = None) -> str:
-    """Turn on memory growth and/or cap each GPU at ``limit_mb``; return what happened.
+    """Turn on memory growth and/or cap each GPU at ``limit_mb`` for the backend Keras runs (or
+    will run) on: TensorFlow, JAX or PyTorch; return what happened in one line."""
+    if limit_mb is not None and limit_mb <= 0:
+        raise ValueError("the memory limit must be a positive number of MB")
+    from kerasmagic.backends import configure
+
+    return configure(growth, limit_mb)
+
+
+def configure_tensorflow(growth: bool = False, limit_mb: int | None = None) -> str:
+    """Turn on TensorFlow's memory growth and/or cap each GPU at ``limit_mb``.
 
     Imports TensorFlow if needed (the user asked for it), but never raises for a machine
     without GPUs or for a runtime that has already started: the message says so.
     """
-    if limit_mb is not None and limit_mb <= 0:
-        raise ValueError("the memory limit must be a positive number of MB")
     tf = importlib.import_module("tensorflow")
     gpus = tf.config.list_physical_devices("GPU")  # safe: does not start the runtime
     if not gpus:

@@ -145,13 +145,22 @@ _CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
 
 
 def name_counter() -> int | None:
-    """Return the total of Keras's auto-name counters (``dense_57`` makes it grow)."""
+    """Return the total of Keras's auto-name counters (``dense_57`` makes it grow).
+
+    Keras 3 keeps them in its global state; legacy tf-keras per graph, in
+    ``tf_keras.src.backend.PER_GRAPH_OBJECT_NAME_UIDS`` (a weak dict graph -> counters).
+    """
+    counts = []
     state = sys.modules.get("keras.src.backend.common.global_state")
     getter = getattr(state, "get_global_attribute", None)
-    if getter is None:
-        return None
-    uids = getter("object_name_uids")
-    return int(sum(uids.values())) if uids else 0
+    if getter is not None:
+        uids = getter("object_name_uids")
+        counts.append(int(sum(uids.values())) if uids else 0)
+    legacy = getattr(sys.modules.get("tf_keras.src.backend"), "PER_GRAPH_OBJECT_NAME_UIDS", None)
+    if legacy is not None:
+        graphs = list(legacy.values())  # a copy: graphs may be collected meanwhile
+        counts.append(sum(int(sum(uids.values())) for uids in graphs))
+    return sum(counts) if counts else None
 
 
 def read_keras(namespace: Mapping[str, Any] | None) -> KerasInfo:

@@ -1,0 +1,61 @@
+"""TensorFlow, through the existing probes: allocator per GPU, graph and function caches.
+
+A thin adapter: the TensorFlow internals stay in ``probes/tf_alloc.py``, ``probes/graph.py``,
+``tfconfig.py``, ``tfpurge.py`` and ``tfstack.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from kerasmagic.backends import Backend, BackendDevice, BackendInfo, keras_backend
+from kerasmagic.probes.graph import GraphInfo, read_graph
+from kerasmagic.probes.tf_alloc import TfInfo, read_tf, tf_context
+from kerasmagic.probes.tf_alloc import reset_tf_peaks as reset_peaks
+
+
+def in_use() -> bool:
+    """TensorFlow is in use once imported (Keras under JAX/PyTorch does not import it)."""
+    return "tensorflow" in sys.modules and tf_context() is not None
+
+
+def info(tf: TfInfo, graph: GraphInfo) -> BackendInfo:
+    """Return TensorFlow's figures from readings already taken."""
+    module = sys.modules.get("tensorflow")
+    version = getattr(module, "__version__", None)
+    devices = tuple(BackendDevice(d.device, d.current_bytes, d.peak_bytes) for d in tf.devices)
+    figures = {
+        "default_graph_ops": graph.default_graph_ops,
+        "custom_gradients": graph.custom_gradients,
+        "functions": graph.functions,
+    }
+    caches = {k: v for k, v in figures.items() if v is not None}
+    platform = None if not tf.initialized else ("gpu" if devices else "cpu")
+    keras = keras_backend() == "tensorflow"
+    return BackendInfo("tensorflow", version, keras, platform, devices, caches)
+
+
+def read() -> BackendInfo:
+    """Return TensorFlow's figures (never imports TensorFlow or starts its runtime)."""
+    return info(read_tf(), read_graph())
+
+
+def reset() -> list[str]:
+    """Reset TF's default graph unless Keras's ``clear_session`` (TF or tf-keras) just did."""
+    if keras_backend() == "tensorflow":
+        return []
+    try:
+        sys.modules["tensorflow"].compat.v1.reset_default_graph()
+    except (AssertionError, RuntimeError):  # inside a `with graph.as_default()` block
+        return []
+    return ["tensorflow.reset_default_graph"]
+
+
+def configure(growth: bool, limit_mb: int | None) -> str:
+    """Memory growth or a cap per GPU, before TensorFlow starts its devices."""
+    from kerasmagic.tfconfig import configure_tensorflow
+
+    return configure_tensorflow(growth, limit_mb)
+
+
+BACKEND = Backend("tensorflow", in_use, read, reset, configure, reset_peaks)

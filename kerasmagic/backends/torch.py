@@ -1,0 +1,118 @@
+"""PyTorch: the CUDA caching allocator per device, torch.compile's caches, a memory cap.
+
+PyTorch keeps freed CUDA blocks reserved for reuse: ``memory_allocated`` is what tensors use,
+``memory_reserved`` what the process holds. On CPU none of this applies and RSS is the figure.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import importlib.util
+import sys
+from typing import Any
+
+from kerasmagic.backends import Backend, BackendDevice, BackendInfo, attempt, keras_backend
+
+
+def _torch() -> Any | None:
+    """Return the torch module once ``import torch`` has finished, else None."""
+    top = sys.modules.get("torch")
+    if top is None or getattr(getattr(top, "__spec__", None), "_initializing", False):
+        return None
+    return top
+
+
+def in_use() -> bool:
+    """PyTorch is in use once imported (Keras imports it only when it runs on it)."""
+    return _torch() is not None
+
+
+def cuda_started(torch: Any) -> bool:
+    """Return True once PyTorch has initialised CUDA in this process (never initialises it)."""
+    return bool(attempt(lambda: torch.cuda.is_initialized(), False))
+
+
+def _device(torch: Any, index: int) -> BackendDevice:
+    cuda = torch.cuda
+    return BackendDevice(
+        name=f"cuda:{index}",
+        in_use_bytes=attempt(lambda: int(cuda.memory_allocated(index)), None),
+        peak_bytes=attempt(lambda: int(cuda.max_memory_allocated(index)), None),
+        limit_bytes=attempt(lambda: int(cuda.get_device_properties(index).total_memory), None),
+        reserved_bytes=attempt(lambda: int(cuda.memory_reserved(index)), None),
+    )
+
+
+def compiled_frames() -> int | None:
+    """Return how many code objects torch.compile (dynamo) has compiled, if dynamo is loaded."""
+    convert = sys.modules.get("torch._dynamo.convert_frame")
+    tracker = getattr(convert, "input_codes", None)
+    return attempt(lambda: len(tracker.seen), None) if tracker is not None else None
+
+
+def read() -> BackendInfo:
+    """Return per-GPU allocated/reserved/peak once CUDA is up, and dynamo's compiled frames."""
+    torch = _torch()
+    version = getattr(torch, "__version__", None)
+    keras = keras_backend() == "torch"
+    if torch is None:
+        return BackendInfo("torch", version, keras, None)
+    caches: dict[str, int] = {}
+    frames = compiled_frames()
+    if frames is not None:
+        caches["compiled_frames"] = frames
+    if not cuda_started(torch):
+        return BackendInfo("torch", version, keras, "cpu", caches=caches)
+    count = attempt(lambda: int(torch.cuda.device_count()), 0)
+    devices = tuple(_device(torch, i) for i in range(count))
+    return BackendInfo("torch", version, keras, "gpu", devices, caches)
+
+
+def reset() -> list[str]:
+    """Drop torch.compile's caches; hand cached CUDA blocks no tensor uses back to the driver."""
+    torch = _torch()
+    if torch is None:
+        return []
+    done = []
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None and callable(getattr(dynamo, "reset", None)):
+        dynamo.reset()
+        done.append("torch._dynamo.reset")
+    if cuda_started(torch):
+        gc.collect()  # blocks of tensors still waiting in reference cycles are not "unused" yet
+        torch.cuda.empty_cache()
+        torch.cuda.ipc_collect()
+        done.append("torch.cuda.empty_cache")
+    return done
+
+
+def configure(growth: bool, limit_mb: int | None) -> str:
+    """Cap each GPU with ``set_per_process_memory_fraction``; growth is PyTorch's default."""
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed: pip install 'kerasmagic[torch]'"
+    torch = importlib.import_module("torch")  # the user asked for PyTorch's settings
+    if not attempt(lambda: bool(torch.cuda.is_available()), False):
+        return "no CUDA GPU visible to PyTorch: nothing to configure"
+    parts = ["PyTorch allocates GPU memory on demand already"] if growth else []
+    if limit_mb is not None:
+        count = int(torch.cuda.device_count())
+        for i in range(count):
+            total = int(torch.cuda.get_device_properties(i).total_memory)
+            torch.cuda.set_per_process_memory_fraction(min(1.0, limit_mb * 2**20 / total), i)
+        parts.append(f"memory capped at {limit_mb} MB for {count} GPU(s)")
+    return "; ".join(parts)
+
+
+def reset_peaks() -> list[str]:
+    """Reset PyTorch's peak counters on every CUDA device; return the devices reset."""
+    torch = _torch()
+    if torch is None or not cuda_started(torch):
+        return []
+    count = attempt(lambda: int(torch.cuda.device_count()), 0)
+    for i in range(count):
+        torch.cuda.reset_peak_memory_stats(i)
+    return [f"cuda:{i}" for i in range(count)]
+
+
+BACKEND = Backend("torch", in_use, read, reset, configure, reset_peaks)
