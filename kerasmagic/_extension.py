@@ -43,6 +43,9 @@ def unload(shell: Any) -> None:
         for name in names:
             manager.magics[kind].pop(name, None)
     manager.registry.pop(type(magics).__name__, None)
+    configurables = getattr(shell, "configurables", [])  # Magics.__init__ appended it there
+    if magics in configurables:
+        configurables.remove(magics)
     if not _loaded:
         tfstack.uninstall()
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from kerasmagic import tfstack
 from kerasmagic.holders import namespace_paths, referrer_kinds
+from kerasmagic.interrupts import held_interrupts
 from kerasmagic.probes import read_ram, read_tf
 from kerasmagic.stale import plan_cleanup
 from kerasmagic.tfpurge import PurgeResult, purge_custom_gradients
@@ -148,7 +149,32 @@ def reset(
     ``namespace`` defaults to IPython's user namespace (or nothing outside IPython). Stale
     means: models under ``rebinding`` names (or every model with ``drop_all``), and models held
     only by IPython's output cache, stored tracebacks or callbacks. Names in ``keep`` survive.
+    A Ctrl-C during the cleanup is held until it is complete, then raised.
     """
+    with held_interrupts() as held:
+        report = _reset(
+            namespace,
+            rebinding,
+            keep,
+            drop_all=drop_all,
+            dry_run=dry_run,
+            patch_stack_traces=patch_stack_traces,
+            shell=shell,
+        )
+    held.deliver()
+    return report
+
+
+def _reset(
+    namespace: MutableMapping[str, Any] | None,
+    rebinding: Iterable[str],
+    keep: Iterable[str],
+    *,
+    drop_all: bool,
+    dry_run: bool,
+    patch_stack_traces: bool,
+    shell: Any | None,
+) -> CleanupReport:
     start = time.perf_counter()
     if shell is None and namespace is None:
         shell = _ipython_shell()
@@ -162,10 +188,11 @@ def reset(
         return CleanupReport(dropped, kept, (), 0, None, None, time.perf_counter() - start, True)
     rss_before, tf_before = read_ram().rss_bytes, read_tf().current_bytes
     watched = [(path, weakref.ref(model)) for path, model in plan.stale.values()]
+    plan_notes = list(dict.fromkeys(plan.notes))
     for _, act in plan.actions:
         act()
     del plan
-    notes = _reset_tensorflow(patch_stack_traces)
+    notes = plan_notes + _reset_tensorflow(patch_stack_traces)
     purge = purge_custom_gradients() if "tensorflow" in sys.modules else None
     if purge is None:
         gc.collect()

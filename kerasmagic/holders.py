@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kerasmagic.probes.keras_state import callback_types, model_types, scan_order, walk
+from kerasmagic.probes.keras_state import callback_types, is_a, model_types, scan_order, walk
 from kerasmagic.tracebacks import frame_locals, stored_tracebacks
 
 
@@ -76,19 +76,41 @@ def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> li
     for ref in gc.get_referrers(obj):
         if id(ref) in skip:
             continue
-        if isinstance(ref, pytypes.FrameType):
+        kind = type(ref)
+        if kind is pytypes.FrameType:
             kinds.append(f"a running frame ({ref.f_code.co_name})")
-        elif isinstance(ref, dict):
+        elif issubclass(kind, dict):
             kinds.append("a dict outside the namespace (a module global or object attribute)")
-        elif isinstance(ref, (list, tuple, set)):
-            kinds.append(f"a {type(ref).__name__} outside the namespace")
-        elif type(ref).__name__ == "cell":
+        elif issubclass(kind, (list, tuple, set)):
+            kinds.append(f"a {kind.__name__} outside the namespace")
+        elif kind.__name__ == "cell":
             kinds.append("a function closure")
         else:
-            kinds.append(f"a {type(ref).__name__}")
+            kinds.append(f"a {kind.__name__}")
         if len(kinds) >= limit:
             break
     return kinds or ["nothing gc can see (C++ or a pending collection)"]
+
+
+def _layers(model: Any) -> list[Any]:
+    try:
+        return list(model.layers)
+    except Exception:  # a user's subclass whose ``layers`` fails: no nested models from it
+        return []
+
+
+def _name(model: Any) -> str:
+    try:
+        return str(model.name)
+    except Exception:
+        return "?"
+
+
+def _size(model: Any) -> int:
+    try:
+        return model_size_bytes(model)
+    except Exception:  # a user's model whose weights cannot be read
+        return 0
 
 
 def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
@@ -96,12 +118,12 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
     types = model_types()
     if not types:
         return []
-    models: list[Any] = [obj for obj in gc.get_objects() if isinstance(obj, types)]
+    models: list[Any] = [obj for obj in gc.get_objects() if is_a(obj, types)]
     inner = {id(getattr(m, "_functional", None)) for m in models}
     owners: dict[int, str] = {}
     for m in models:
-        for layer in getattr(m, "layers", []):
-            if isinstance(layer, types):
+        for layer in _layers(m):
+            if is_a(layer, types):
                 owners[id(layer)] = f"layer of model '{m.name}'"
     paths = namespace_paths(namespace or {})
     out = []
@@ -111,6 +133,6 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
         held = paths.get(id(m)) or (
             [owners[id(m)]] if id(m) in owners else referrer_kinds(m, (models,))
         )
-        out.append(LiveModel(str(m.name), type(m).__name__, model_size_bytes(m), tuple(held)))
+        out.append(LiveModel(_name(m), type(m).__name__, _size(m), tuple(held)))
     del models
     return out

@@ -19,6 +19,7 @@ from typing import Any
 from traitlets import Float, Int
 from traitlets.config import Configurable
 
+from kerasmagic.interrupts import held_interrupts, interrupt_finished_cell, interrupt_next_cell
 from kerasmagic.leak import STABLE, LeakDetector, LeakVerdict
 from kerasmagic.probes import read_ram
 from kerasmagic.record import CellRecord, rusage_peak, source_hash
@@ -31,12 +32,25 @@ RUNS_KEPT = 32  # per cell source, for the leak detector (more than any sane min
 MAX_SOURCES = 512
 
 
-def _never_raise(hook: Callable[[Any], None], arg: Any) -> None:
-    """Run a cell hook; a failure is logged, never shown as an error after the user's cell."""
-    try:
-        hook(arg)
-    except Exception:
-        log.exception("kerasmagic: %s failed", hook.__name__)
+_reported: set[str] = set()  # failures already told, so a broken probe does not repeat
+
+
+def _never_raise(hook: Callable[[Any], None], arg: Any) -> bool:
+    """Run a cell hook with Ctrl-C held; return whether a Ctrl-C arrived meanwhile.
+
+    A failure is one warning line (once per kind of failure), never a traceback after the
+    user's cell; the full traceback goes to the debug log.
+    """
+    with held_interrupts() as held:
+        try:
+            hook(arg)
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"[:200]
+            log.debug("kerasmagic: %s failed", hook.__name__, exc_info=True)
+            if why not in _reported:
+                _reported.add(why)
+                log.warning("kerasmagic: memory record skipped (%s)", why)
+    return held.pending
 
 
 class LiveMonitor(Configurable):
@@ -55,6 +69,7 @@ class LiveMonitor(Configurable):
         self._shell = shell
         self._history: deque[CellRecord] = deque(maxlen=max(1, self.history_size))
         self._subscribers: list[Subscriber] = []
+        self._closers: dict[str, Callable[[], None]] = {}
         self._lock = threading.Lock()
         self._latest: MemorySnapshot | None = None
         self._start: tuple[MemorySnapshot, str] | None = None
@@ -104,7 +119,8 @@ class LiveMonitor(Configurable):
     # -- IPython events (main thread) ------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
         """Take the cell's start snapshot and reset the in-cell peaks (never raises)."""
-        _never_raise(self._pre_run_cell, info)
+        if _never_raise(self._pre_run_cell, info):
+            interrupt_next_cell(self._shell)  # Ctrl-C before the cell ran: it must not run
 
     def _pre_run_cell(self, info: Any) -> None:
         snap = self._start_snapshot()
@@ -125,14 +141,19 @@ class LiveMonitor(Configurable):
 
     def post_run_cell(self, result: Any) -> None:
         """Record the cell, judge the history, and tell subscribers (never raises)."""
-        _never_raise(self._post_run_cell, result)
+        if _never_raise(self._post_run_cell, result):
+            interrupt_finished_cell(self._shell, result)
 
     def _post_run_cell(self, result: Any) -> None:
         if self._start is None:
             return
         start, key = self._start
         self._start = None
-        end = take_snapshot(self._shell.user_ns, functions=False)
+        try:
+            end = take_snapshot(self._shell.user_ns, functions=False)
+        except BaseException:
+            self.sampler.cell_finished(start.ram.rss_bytes, None)  # back to idle sampling
+            raise
         peak_rss, peak_gpu = self.sampler.cell_finished(end.ram.rss_bytes, end.gpu_used_bytes)
         peak_rss = max(peak_rss, rusage_peak(start, end))
         count = getattr(result, "execution_count", None)
@@ -186,10 +207,21 @@ class LiveMonitor(Configurable):
         self.sampler.start()
 
     def stop(self) -> None:
-        """Stop the sampler thread and drop every subscriber."""
+        """Stop the sampler thread, drop every subscriber and close the views it fed."""
         self.sampler.stop()
         with self._lock:
             self._subscribers.clear()
+            closers, self._closers = list(self._closers.values()), {}
+        for close in closers:
+            try:
+                close()
+            except Exception:
+                log.debug("kerasmagic: closing a view failed", exc_info=True)
+
+    def on_stop(self, key: str, close: Callable[[], None]) -> None:
+        """Call ``close()`` when the monitor stops (``%unload_ext``); a new ``key`` replaces."""
+        with self._lock:
+            self._closers[key] = close
 
 
 _monitors: dict[int, LiveMonitor] = {}

@@ -99,10 +99,12 @@ def start_live(shell: Any, monitor: LiveMonitor) -> Any:
         if old is not None:  # one live widget per kernel: the newest display replaces it
             old.close()
         widget = _widgets[monitor] = LiveWidget(monitor)
+        monitor.on_stop("widget", widget.close)
         display(widget)
         return widget
     if monitor not in _printers:
-        _printers[monitor] = LinePrinter(monitor)
+        printer = _printers[monitor] = LinePrinter(monitor)
+        monitor.on_stop("printer", printer.unsubscribe)
         print("kerasmagic: printing memory after every cell (no widget frontend here)")
     return _printers[monitor]
 

@@ -16,17 +16,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kerasmagic.probes.keras_state import (
-    MAX_DEPTH,
     callback_model,
     callback_types,
+    is_a,
     is_user_name,
     model_types,
     scan_order,
     walk,
 )
+from kerasmagic.reach import reachable
 from kerasmagic.tracebacks import clear_frames, frame_locals, stored_tracebacks
 
 Action = tuple[str, Callable[[], None]]
+REBOUND_DEPTH = 6  # how far into a rebound name's containers stale models are looked for
 
 
 @dataclass
@@ -36,43 +38,47 @@ class Plan:
     actions: list[Action] = field(default_factory=list)
     stale: dict[int, tuple[str, Any]] = field(default_factory=dict)
     kept: dict[int, tuple[str, Any]] = field(default_factory=dict)
+    held: frozenset[int] = frozenset()  # every model reachable from a kept name, any depth
+    shared: frozenset[int] = frozenset()  # every object reachable from a kept name
+    complete: bool = True  # False: kept names too large to walk; cut no container
+    notes: list[str] = field(default_factory=list)
 
 
 def _stale(plan: Plan, found: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """Keep the models of ``found`` that no kept name holds: only those are worth a cut."""
-    return [(path, model) for path, model in found if id(model) not in plan.kept]
+    return [(path, model) for path, model in found if id(model) not in plan.held]
 
 
 def _models_in(
-    obj: Any, path: str, types: tuple[type, ...], cbs: tuple[type, ...]
+    obj: Any, path: str, types: tuple[type, ...], cbs: tuple[type, ...], depth: int = 2
 ) -> list[tuple[str, Any]]:
-    return [(p, o) for p, o in walk(path, obj, cbs) if isinstance(o, types)]
+    return [(p, o) for p, o in walk(path, obj, cbs, max_depth=depth) if is_a(o, types)]
 
 
 def _strip(obj: Any, types: tuple[type, ...], kept: frozenset[int], depth: int = 0) -> Any:
     """Return ``obj`` with stale models replaced by None (lists and dicts in place, tuples and
-    frozensets rebuilt); models also held under a kept name stay."""
-    if isinstance(obj, types):
+    frozensets rebuilt). Models and containers a kept name also reaches stay as they are."""
+    if is_a(obj, types):
         return obj if id(obj) in kept else None
-    if depth >= MAX_DEPTH:
+    if depth >= REBOUND_DEPTH or id(obj) in kept:
         return obj
-    if isinstance(obj, list):
+    if type(obj) is list:
         for i, item in enumerate(obj):
             new = _strip(item, types, kept, depth + 1)
             if new is not item:
                 obj[i] = new
-    elif isinstance(obj, dict):
+    elif type(obj) is dict:
         for key, item in list(obj.items()):
             new = _strip(item, types, kept, depth + 1)
             if new is not item:
                 obj[key] = new
-    elif isinstance(obj, tuple):
-        items = [_strip(item, types, kept, depth + 1) for item in obj]
+    elif type(obj) is tuple or (issubclass(type(obj), tuple) and hasattr(type(obj), "_fields")):
+        items = [_strip(item, types, kept, depth + 1) for item in tuple.__iter__(obj)]
         if any(new is not old for new, old in zip(items, obj, strict=True)):
-            return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    elif isinstance(obj, (set, frozenset)):
-        stale = [item for item in obj if isinstance(item, types) and id(item) not in kept]
-        if isinstance(obj, set):
+            return type(obj)(*items) if hasattr(type(obj), "_fields") else tuple(items)
+    elif type(obj) in (set, frozenset):
+        stale = [item for item in obj if is_a(item, types) and id(item) not in kept]
+        if type(obj) is set:
             obj.difference_update(stale)
         elif stale:
             return frozenset(obj.difference(stale))
@@ -98,16 +104,23 @@ def _release_names(
 ) -> None:
     for name in names:
         value = ns.get(name)
-        found = _stale(plan, _models_in(value, name, types, ()))
+        models = _models_in(value, name, types, (), REBOUND_DEPTH)
+        found = _stale(plan, models)
+        for path, model in models:  # also held under a kept name, at any depth: it stays
+            if id(model) in plan.held and id(model) not in plan.kept:
+                plan.kept[id(model)] = (f"{path} (also held by a kept name)", model)
         if not found:
             continue
-        if isinstance(value, types):
+        if is_a(value, types):
             plan.actions.append((name, _unbind(ns, name)))
+        elif not plan.complete:
+            plan.notes.append(f"kept names too large to scan: models inside {name} not cut")
+            continue
         else:
             plan.actions.append(
                 (
                     f"{found[0][0]}" + (f" (+{len(found) - 1})" if len(found) > 1 else ""),
-                    _strip_binding(ns, name, types, frozenset(plan.kept)),
+                    _strip_binding(ns, name, types, plan.shared),
                 )
             )
         plan.stale.update((id(m), (p, m)) for p, m in found)
@@ -168,11 +181,11 @@ def _cut_callback_links(
     seen: set[int] = set()
     for name in scan_order(ns):
         for path, obj in walk(name, ns.get(name), cbs):
-            if not isinstance(obj, cbs) or id(obj) in seen:
+            if not is_a(obj, cbs) or id(obj) in seen:
                 continue
             seen.add(id(obj))
             model = callback_model(obj)
-            if isinstance(model, types) and id(model) not in plan.kept:
+            if is_a(model, types) and id(model) not in plan.held:
                 plan.stale[id(model)] = (f"{path}.model", model)
                 plan.actions.append((f"{path}.model", _cut_link(obj)))
 
@@ -221,17 +234,19 @@ def plan_cleanup(
     if types:
         users = [name for name in list(ns) if is_user_name(name)]
         release = (set(users) if drop_all else set(rebinding) & set(ns)) - set(keep)
-        for name in users:
-            if name not in release:
-                plan.kept.update(
-                    (id(m), (p, m)) for p, m in _models_in(ns.get(name), name, types, ())
-                )
+        kept_names = [name for name in users if name not in release]
+        for name in kept_names:
+            plan.kept.update((id(m), (p, m)) for p, m in _models_in(ns.get(name), name, types, ()))
+        reach = reachable((ns[n] for n in kept_names if n in ns), types, cbs, skip=(ns,))
+        plan.held = reach.models | frozenset(plan.kept)
+        plan.shared = reach.objects
+        plan.complete = reach.complete
         _release_names(plan, ns, sorted(release), types)
         _release_output_cache(plan, ns, types, cbs)
         _release_tracebacks(plan, ns, types)
         if shell is not None:
             _release_shell(plan, shell, types)
         _cut_callback_links(plan, ns, types, cbs)
-        for key in plan.kept:
+        for key in plan.held:
             plan.stale.pop(key, None)
     return plan

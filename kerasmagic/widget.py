@@ -75,8 +75,10 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
             self.show_cell(payload, self._monitor.verdict())
 
     def close(self) -> None:
-        """Stop listening to the monitor and close the widgets."""
+        """Stop listening to the monitor and close this widget and its parts."""
         self._unsubscribe()
+        for child in (self._bars, self._figures, self._spark, self._alert):
+            child.close()
         super().close()
 
     def show_snapshot(self, snap: MemorySnapshot) -> None:

@@ -52,8 +52,10 @@ def callback_types() -> tuple[type, ...]:
     return tuple(_classes("keras", "callbacks.Callback"))
 
 
-def is_user_name(name: str) -> bool:
-    """Return False for IPython's own names (``Out``, ``_7``, ``_i3``) and dunders."""
+def is_user_name(name: Any) -> bool:
+    """Return False for IPython's own names (``Out``, ``_7``, ``_i3``), dunders and non-strings."""
+    if type(name) is not str:
+        return False
     return not (_NOT_USER.match(name) or (name.startswith("__") and name.endswith("__")))
 
 
@@ -62,6 +64,8 @@ def scan_order(namespace: Mapping[str, Any]) -> list[str]:
     user: list[str] = []
     ipython: list[str] = []
     for name in list(namespace):
+        if type(name) is not str:
+            continue  # globals()[1] = ...: not a name a cell can use
         if name[:1] != "_" and name not in SKIP and name not in IPYTHON_PLAIN:
             user.append(name)  # fast path: most user names start with a letter
         elif name[:2] == "_i" and (name[2:].isdigit() or _INPUT.match(name)):
@@ -71,32 +75,70 @@ def scan_order(namespace: Mapping[str, Any]) -> list[str]:
     return user + ipython
 
 
+def is_a(obj: Any, types: tuple[type, ...]) -> bool:
+    """Return ``isinstance(obj, types)`` judged by ``type(obj)`` alone.
+
+    ``isinstance`` falls back to ``obj.__class__``, which runs user code: a dead
+    ``weakref.proxy`` raises ``ReferenceError`` and a lazy proxy may raise anything.
+    """
+    return bool(types) and issubclass(type(obj), types)
+
+
 def callback_model(callback: Any) -> Any:
     """Return the model a callback (or ``History``) points at, without Keras's property logic."""
-    return callback.__dict__.get("_model", callback.__dict__.get("model"))
+    try:
+        attrs = object.__getattribute__(callback, "__dict__")
+    except AttributeError:
+        return None
+    return attrs.get("_model", attrs.get("model")) if type(attrs) is dict else None
+
+
+def safe_key(key: Any) -> str:
+    """Return ``repr(key)`` for plain keys, and only the type's name for others (no user code)."""
+    if type(key) in _PLAIN_KEYS:
+        text = repr(key)
+        return text if len(text) <= 80 else text[:77] + "..."
+    return f"<{type(key).__name__}>"
+
+
+_PLAIN_KEYS = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def items_of(obj: Any, limit: int = MAX_ITEMS) -> list[tuple[str, Any]] | None:
+    """Return ``[(suffix, item)]`` of a list, tuple, dict or set (subclasses too) without
+    calling their Python-level methods, or None if ``obj`` is no such container."""
+    kind = type(obj)
+    if issubclass(kind, list):
+        return [(f"[{i}]", v) for i, v in enumerate(islice(list.__iter__(obj), limit))]
+    if issubclass(kind, tuple):
+        return [(f"[{i}]", v) for i, v in enumerate(islice(tuple.__iter__(obj), limit))]
+    if issubclass(kind, dict):
+        pairs = islice(dict.items(obj), limit)
+        return [(f"[{safe_key(k)}]", v) for k, v in pairs]
+    if issubclass(kind, (set, frozenset)):
+        it = set.__iter__(obj) if issubclass(kind, set) else frozenset.__iter__(obj)
+        return [(f"{{{i}}}", v) for i, v in enumerate(islice(it, limit))]
+    return None
 
 
 def walk(
-    path: str, obj: Any, callbacks: tuple[type, ...], depth: int = 0
+    path: str, obj: Any, callbacks: tuple[type, ...], depth: int = 0, max_depth: int = MAX_DEPTH
 ) -> Iterator[tuple[str, Any]]:
-    """Yield ``(path, object)`` for ``obj``, its container items and callbacks' models."""
+    """Yield ``(path, object)`` for ``obj``, its container items and callbacks' models.
+
+    Only built-in container protocols are used (never the object's own methods), so a user
+    object whose attributes, ``__len__`` or ``__iter__`` raise cannot break the walk.
+    """
     yield path, obj
-    if callbacks and isinstance(obj, callbacks):
+    if is_a(obj, callbacks):
         model = callback_model(obj)
         if model is not None:
             yield f"{path}.model", model
         return
-    if depth >= MAX_DEPTH:
+    if depth >= max_depth:
         return
-    if isinstance(obj, (list, tuple)):
-        for i, item in enumerate(obj[:MAX_ITEMS]):
-            yield from walk(f"{path}[{i}]", item, callbacks, depth + 1)
-    elif isinstance(obj, dict):
-        for key in list(islice(obj, MAX_ITEMS)):
-            yield from walk(f"{path}[{key!r}]", obj.get(key), callbacks, depth + 1)
-    elif isinstance(obj, (set, frozenset)):
-        for i, item in enumerate(list(islice(obj, MAX_ITEMS))):
-            yield from walk(f"{path}{{{i}}}", item, callbacks, depth + 1)
+    for suffix, item in items_of(obj) or ():
+        yield from walk(path + suffix, item, callbacks, depth + 1, max_depth)
 
 
 def namespace_models(namespace: Mapping[str, Any]) -> dict[int, tuple[str, Any]]:
@@ -108,7 +150,7 @@ def namespace_models(namespace: Mapping[str, Any]) -> dict[int, tuple[str, Any]]
     found: dict[int, tuple[str, Any]] = {}
     for name in scan_order(namespace):
         for path, obj in walk(name, namespace.get(name), callbacks):
-            if isinstance(obj, types) and id(obj) not in found:
+            if is_a(obj, types) and id(obj) not in found:
                 found[id(obj)] = (path, obj)
     return found
 
@@ -131,11 +173,11 @@ def count_models(namespace: Mapping[str, Any]) -> int:
             if kind in _CONTAINERS:
                 if depth < MAX_DEPTH:
                     deeper.extend(islice(obj.values() if kind is dict else obj, COUNT_ITEMS))
-            elif isinstance(obj, types):
+            elif issubclass(kind, types):
                 found.add(id(obj))
-            elif callbacks and isinstance(obj, callbacks):
+            elif callbacks and issubclass(kind, callbacks):
                 model = callback_model(obj)
-                if isinstance(model, types):
+                if is_a(model, types):
                     found.add(id(model))
         level = deeper
     return len(found)

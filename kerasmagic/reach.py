@@ -1,0 +1,75 @@
+"""Which models the user still holds: every model reachable from kept names, at any depth.
+
+The walk follows what the C types expose to the garbage collector (``gc.get_referents``):
+container items and instance attributes (``__dict__`` and slots). It never calls a user
+object's methods, so odd objects (dead ``weakref.proxy``, lazy proxies, ``__getattr__`` that
+returns anything) cannot break or slow it. It does not go into functions, classes, modules or
+frames (a function's globals are the namespace itself), into models (their insides are theirs)
+or through a callback's ``.model`` (a link that cleanup may cut).
+"""
+
+from __future__ import annotations
+
+import gc
+import types as pytypes
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+MAX_VISITS = 2_000_000  # objects looked at; past this the walk is incomplete (see `complete`)
+
+OPAQUE: tuple[type, ...] = (
+    type,
+    pytypes.ModuleType,
+    pytypes.FunctionType,
+    pytypes.BuiltinFunctionType,
+    pytypes.MethodType,
+    pytypes.FrameType,
+    pytypes.CodeType,
+    pytypes.TracebackType,
+    weakref.ref,
+    weakref.ProxyType,
+    weakref.CallableProxyType,
+)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Ids of models (and of every object) found from the roots; whether the walk finished."""
+
+    models: frozenset[int]
+    objects: frozenset[int]
+    complete: bool
+
+
+def reachable(
+    roots: Iterable[Any],
+    models: tuple[type, ...],
+    callbacks: tuple[type, ...] = (),
+    skip: Iterable[Any] = (),
+    max_visits: int = MAX_VISITS,
+) -> Reach:
+    """Return the models and objects reachable from ``roots`` (see the module docstring)."""
+    seen: set[int] = {id(obj) for obj in skip}
+    found: set[int] = set()
+    stack = list(roots)
+    visits = 0
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        visits += 1
+        if visits > max_visits:
+            return Reach(frozenset(found), frozenset(seen), complete=False)
+        kind = type(obj)
+        if models and issubclass(kind, models):
+            found.add(id(obj))
+        elif (
+            gc.is_tracked(obj)
+            and not issubclass(kind, OPAQUE)
+            and not (callbacks and issubclass(kind, callbacks))
+        ):
+            stack.extend(gc.get_referents(obj))
+    return Reach(frozenset(found), frozenset(seen), complete=True)

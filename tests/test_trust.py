@@ -1,0 +1,249 @@
+"""Promises of ``%%fresh_model`` in notebooks written the ordinary way (issue: trust).
+
+Kept structures at any depth, hostile objects in the namespace, Ctrl-C during kerasmagic's own
+work, and load/unload cycles; each in a real in-process IPython shell with real Keras.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+from conftest import run
+from IPython.core.interactiveshell import InteractiveShell
+
+import kerasmagic.live as live_module
+
+
+def _models(shell: InteractiveShell, expr: str) -> list[Any]:
+    return list(shell.ev(expr))
+
+
+# -- kept structures at any depth ----------------------------------------------------------
+NESTED_LOG = """
+%%fresh_model -q
+res = {"model": build(), "fold": len(log["exp"]["runs"])}
+res["model"].fit(x, y, epochs=1, verbose=0)
+log["exp"]["runs"].append(res)
+"""
+
+
+def test_model_in_a_deeply_nested_kept_log_survives_rebinding(kip: InteractiveShell) -> None:
+    run(kip, 'log = {"exp": {"runs": []}}')
+    for _ in range(3):
+        run(kip, NESTED_LOG)
+    runs = kip.user_ns["log"]["exp"]["runs"]
+    models = [r["model"] for r in runs]
+    assert all(m is not None for m in models), "a model held by the kept `log` was cut"
+    assert len({id(m) for m in models}) == 3
+    models[0].fit(kip.user_ns["x"], kip.user_ns["y"], epochs=1, verbose=0)  # still trains
+
+
+def test_model_held_by_a_kept_objects_attribute_survives(kip: InteractiveShell) -> None:
+    run(kip, "class Exp:\n    def __init__(self):\n        self.best = {}\nexp = Exp()")
+    cell = (
+        "%%fresh_model -q\nresults = [build()]\nexp.best['first'] = exp.best.get('first', results)"
+    )
+    for _ in range(3):
+        run(kip, cell)
+    first = kip.user_ns["exp"].best["first"]
+    assert first[0] is not None, "a model reachable through a kept object's attribute was cut"
+
+
+def test_unshared_rebound_container_is_still_cleared(kip: InteractiveShell) -> None:
+    run(kip, "%%fresh_model -q\nresults = {'a': {'b': {'c': build()}}}")
+    old = kip.user_ns["results"]
+    run(kip, "%%fresh_model -q\nresults = {'a': {'b': {'c': build()}}}")
+    assert old["a"]["b"]["c"] is None, "a stale model three levels into a rebound dict stayed"
+
+
+# -- hostile objects -------------------------------------------------------------------------
+HOSTILE = """
+import weakref
+class _Target: pass
+_t = _Target()
+dead = weakref.proxy(_t)
+del _t
+class LazyProxy:
+    @property
+    def __class__(self):
+        raise RuntimeError("working outside of application context")
+    def __getattr__(self, name):
+        raise RuntimeError("working outside of application context")
+class Anything:
+    def __getattr__(self, name):
+        return lambda *a, **k: self
+class Slow:
+    def __len__(self):
+        import time; time.sleep(30)
+        return 0
+    def __iter__(self):
+        import time; time.sleep(30)
+        return iter(())
+    def __eq__(self, other):
+        raise RuntimeError("no eq")
+    __hash__ = None
+class BadList(list):
+    def __iter__(self):
+        raise RuntimeError("no iter")
+    def __getitem__(self, i):
+        raise RuntimeError("no getitem")
+    def __len__(self):
+        raise RuntimeError("no len")
+lazy = LazyProxy()
+anything = Anything()
+slow = Slow()
+bad = BadList([1, 2])
+nested = {"p": dead, "l": [lazy, anything, slow], "b": bad}
+"""
+
+
+def test_hostile_objects_break_nothing(kip: InteractiveShell, capsys: Any) -> None:
+    run(kip, HOSTILE)
+    start = time.perf_counter()
+    run(kip, "model = build()")
+    kip.run_line_magic("gpu_mem", "")
+    kip.run_line_magic("gpu_mem", "--deep")
+    run(kip, "%%fresh_model\nmodel = build()")
+    run(kip, "z = 1")
+    elapsed = time.perf_counter() - start
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "Traceback" not in text and "failed" not in text and "Error" not in text, text
+    assert "dropped model" in text
+    assert elapsed < 25, "a slow user object was called"
+    for name in ("dead", "lazy", "anything", "slow", "bad", "nested"):
+        assert name in kip.user_ns
+
+
+def test_dead_proxy_in_a_stored_traceback(kip: InteractiveShell, capsys: Any) -> None:
+    cell = (
+        "import weakref\nclass _T: pass\n"
+        "def fail():\n    t = _T(); p = weakref.proxy(t); del t\n    raise ValueError('boom')\n"
+        "fail()"
+    )
+    kip.run_cell(cell, store_history=True)
+    capsys.readouterr()
+    for _ in range(2):
+        run(kip, "%%fresh_model\nmodel = build()")
+    text = capsys.readouterr().out
+    assert text.count("kerasmagic: freed") == 2 and "ReferenceError" not in text
+
+
+def test_hook_failure_is_one_line_once(ip: InteractiveShell, caplog: Any) -> None:
+    monitor = live_module.get_monitor(ip)
+    assert monitor is not None
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("probe broke")
+
+    original = live_module.take_snapshot
+    live_module.take_snapshot = broken  # type: ignore[assignment]
+    try:
+        for _ in range(3):
+            ip.run_cell("z = 1")
+    finally:
+        live_module.take_snapshot = original  # type: ignore[assignment]
+    warnings = [r for r in caplog.records if "probe broke" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].exc_info is None
+    assert not monitor.sampler._running_cell, "the sampler stayed in cell mode"
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------------
+INTERRUPT_IN_FINALIZER = """
+class Bomb:
+    def __del__(self):
+        import os, signal
+        os.kill(os.getpid(), signal.SIGINT)
+model = build()
+model._bomb = Bomb()
+ran = 0
+"""
+
+
+def test_ctrl_c_during_cleanup_stops_the_cell(kip: InteractiveShell) -> None:
+    run(kip, INTERRUPT_IN_FINALIZER)
+    result = kip.run_cell("%%fresh_model -q\nmodel = build()\nran = 1", store_history=True)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert kip.user_ns["ran"] == 0, "the interrupted cell ran anyway"
+    assert "x" in kip.user_ns and "build" in kip.user_ns
+    assert "model" not in kip.user_ns  # it was about to be rebound: it stays dropped
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _interrupting(fn: Any) -> Any:
+    def probe(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        return fn(*args, **kwargs)
+
+    return probe
+
+
+def test_ctrl_c_in_the_pre_cell_hook_stops_that_cell(ip: InteractiveShell, capsys: Any) -> None:
+    ip.run_cell("ran = 0")
+    original = live_module.read_ram
+    live_module.read_ram = _interrupting(original)  # type: ignore[assignment]
+    try:
+        result = ip.run_cell("ran = 1", store_history=True)
+    finally:
+        live_module.read_ram = original  # type: ignore[assignment]
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert ip.user_ns["ran"] == 0
+    assert "Error in callback" not in capsys.readouterr().out
+    assert ip.run_cell("ran = 2").success and ip.user_ns["ran"] == 2  # the next cell is normal
+
+
+def test_ctrl_c_in_the_post_cell_hook(ip: InteractiveShell, capsys: Any) -> None:
+    monitor = live_module.get_monitor(ip)
+    assert monitor is not None
+    original = live_module.take_snapshot
+    live_module.take_snapshot = _interrupting(original)  # type: ignore[assignment]
+    try:
+        result = ip.run_cell("ran = 1", store_history=True)
+    finally:
+        live_module.take_snapshot = original  # type: ignore[assignment]
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert "Error in callback" not in capsys.readouterr().out
+    assert not monitor.sampler._running_cell
+    assert monitor.history()[-1].execution_count == result.execution_count
+
+
+# -- load / unload ---------------------------------------------------------------------------
+def _alive(type_name: str) -> int:
+    return sum(1 for o in gc.get_objects() if type(o).__name__ == type_name)
+
+
+def test_load_unload_cycles_leave_nothing_behind(ip: InteractiveShell) -> None:
+    ip.run_line_magic("unload_ext", "kerasmagic")
+    gc.collect()
+    before = {name: _alive(name) for name in ("KerasMagics", "LiveMonitor", "Sampler")}
+    for _ in range(20):
+        ip.run_line_magic("load_ext", "kerasmagic")
+        ip.run_line_magic("reload_ext", "kerasmagic")
+        ip.run_cell("z = 1")
+        ip.run_line_magic("unload_ext", "kerasmagic")
+    gc.collect()
+    after = {name: _alive(name) for name in before}
+    assert after == before, f"left behind after unload: {after} (before {before})"
+    samplers = [t for t in threading.enumerate() if t.name == "kerasmagic-sampler"]
+    assert not samplers
+    assert "fresh_model" not in ip.magics_manager.magics["cell"]
+    ip.run_line_magic("load_ext", "kerasmagic")  # the fixture unloads it
+
+
+@pytest.mark.parametrize("cycles", [3])
+def test_reload_keeps_one_set_of_hooks(ip: InteractiveShell, cycles: int) -> None:
+    for _ in range(cycles):
+        ip.run_line_magic("reload_ext", "kerasmagic")
+    hooks = [
+        f
+        for f in ip.events.callbacks["post_run_cell"]
+        if getattr(f, "__qualname__", "").startswith("LiveMonitor")
+    ]
+    assert len(hooks) == 1
