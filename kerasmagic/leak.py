@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Any
 from traitlets import Float, Int
 from traitlets.config import Configurable
 
+from kerasmagic.advice import FRESH_REMEDY, SLOWDOWN, remedy, slowdown
+
 if TYPE_CHECKING:
     from kerasmagic.record import CellRecord
 
-REMEDY = (
-    "Run the cell under %%fresh_model (frees stale models, TF's gradient registry and Keras "
-    "names first), or %%fresh_model --isolate to train in a fresh process."
-)
+REMEDY = FRESH_REMEDY  # what a plain cell is told
 
 
 @dataclass(frozen=True)
@@ -106,14 +105,17 @@ class LeakDetector(Configurable):
         """Judge the runs of one cell (oldest first)."""
         if len(runs) < max(self.min_runs, 2):
             return STABLE
-        for what, get, label in SIGNALS:
+        growing: dict[str, list[int]] = {}
+        for what, get, _ in SIGNALS:
             values = [get(r) for r in runs]
             if any(v is None for v in values):
                 continue
             steps = [int(v) for v in values if v is not None]
             if self._grows(steps, what in BYTE_SIGNALS):
-                return self._verdict(runs[-1], what, label, steps)
-        return STABLE
+                growing[what] = steps
+        if not growing:
+            return STABLE
+        return self._verdict(runs, growing)
 
     def _grows(self, steps: list[int], in_bytes: bool) -> bool:
         floor = self.min_step_bytes if in_bytes else 1
@@ -124,11 +126,27 @@ class LeakDetector(Configurable):
             return False
         return max(steps) <= self.max_share * total or not in_bytes
 
-    def _verdict(self, last: CellRecord, what: str, label: str, steps: list[int]) -> LeakVerdict:
-        per_run = sum(steps) / len(steps)
-        amount = _mb(per_run) if what in BYTE_SIGNALS else f"{per_run:.0f}"
+    def _verdict(self, runs: Sequence[CellRecord], growing: dict[str, list[int]]) -> LeakVerdict:
+        """Name the first growing figure, its likely cause among the others, and the remedy."""
+        what, steps = next(iter(growing.items()))
+        cause = next((w for w in CAUSES if w in growing), "memory")
+        last = runs[-1]
         message = (
-            f"Cell [{last.execution_count}] grows {label} by {amount} per run over its last "
-            f"{len(steps)} runs. {REMEDY}"
+            f"Cell [{last.execution_count}] grows {_amount(what, steps)} per run over its last "
+            f"{len(steps)} runs"
         )
-        return LeakVerdict(True, what, message)
+        if cause in growing and cause != what:
+            message += f", and {_amount(cause, growing[cause])} per run"
+        message += "."
+        if cause == "graph_ops":
+            message += SLOWDOWN + slowdown([r.duration_s for r in runs]) + "."
+        return LeakVerdict(True, what, f"{message} {remedy(cause, last.mode)}")
+
+
+CAUSES = ("graph_ops", "functions", "custom_gradients", "live_models", "name_counter")
+LABELS = {what: label for what, _, label in SIGNALS}
+
+
+def _amount(what: str, steps: list[int]) -> str:
+    per_run = sum(steps) / len(steps)
+    return f"{LABELS[what]} by " + (_mb(per_run) if what in BYTE_SIGNALS else f"{per_run:.0f}")

@@ -19,6 +19,7 @@ from typing import Any
 from traitlets import Float, Int
 from traitlets.config import Configurable
 
+from kerasmagic.advice import cell_mode
 from kerasmagic.interrupts import held_interrupts, interrupt_finished_cell, interrupt_next_cell
 from kerasmagic.leak import STABLE, LeakDetector, LeakVerdict
 from kerasmagic.probes import read_ram
@@ -72,7 +73,7 @@ class LiveMonitor(Configurable):
         self._closers: dict[str, Callable[[], None]] = {}
         self._lock = threading.Lock()
         self._latest: MemorySnapshot | None = None
-        self._start: tuple[MemorySnapshot, str] | None = None
+        self._start: tuple[MemorySnapshot, str, str] | None = None
         self._verdict = STABLE
         self._runs_of: dict[str, deque[CellRecord]] = {}  # source hash -> its latest runs
         self.detector = LeakDetector(parent=self)
@@ -124,7 +125,8 @@ class LiveMonitor(Configurable):
 
     def _pre_run_cell(self, info: Any) -> None:
         snap = self._start_snapshot()
-        self._start = (snap, source_hash(getattr(info, "raw_cell", "") or ""))
+        source = getattr(info, "raw_cell", "") or ""
+        self._start = (snap, source_hash(source), cell_mode(source))
         self._latest = snap
         self.sampler.cell_started(snap.ram.rss_bytes, snap.gpu_used_bytes)
 
@@ -147,7 +149,7 @@ class LiveMonitor(Configurable):
     def _post_run_cell(self, result: Any) -> None:
         if self._start is None:
             return
-        start, key = self._start
+        start, key, mode = self._start
         self._start = None
         try:
             end = take_snapshot(self._shell.user_ns, functions=False)
@@ -167,6 +169,7 @@ class LiveMonitor(Configurable):
             peak_rss_bytes=peak_rss,
             peak_gpu_bytes=peak_gpu,
             source_hash=key,
+            mode=mode,
         )
         with self._lock:
             self._history.append(record)

@@ -23,6 +23,7 @@ class CellRecord:
     peak_rss_bytes: int
     peak_gpu_bytes: int | None
     source_hash: str = ""  # same cell source -> same hash; the leak detector groups by it
+    mode: str = "plain"  # "fresh" under %%fresh_model, "isolate" with --isolate (advice.py)
 
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict that ``json.dumps`` accepts."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -122,3 +123,49 @@ def test_a_list_that_keeps_models_is_flagged(kip: InteractiveShell) -> None:
         run(kip, "kept.append(build())")
     assert monitor.verdict().what == "live_models"
     assert monitor.history()[-1].delta.live_models == 1
+
+
+def _counter_runs(mode: str, graph_ops: bool = False) -> list[CellRecord]:
+    """Three runs of one cell whose custom gradients (or graph ops) grow, each slower."""
+    records = []
+    for i in range(3):
+        if graph_ops:
+            start = dataclasses.replace(snap(500 * MB), graph=GraphInfo(100 * i, None, None))
+            end = dataclasses.replace(snap(500 * MB), graph=GraphInfo(100 * i + 100, None, None))
+        else:
+            start, end = snap(500 * MB, 2 * i), snap(500 * MB, 2 * i + 2)
+        delta = diff(start, end)
+        records.append(CellRecord(i, 0.0, 0.1 * (i + 1), start, end, delta, 0, None, "k", mode))
+    return records
+
+
+def test_a_plain_cell_is_told_to_use_fresh_model() -> None:
+    verdict = LeakDetector().judge(_counter_runs("plain"))
+    assert "Run the cell under %%fresh_model" in verdict.message
+
+
+def test_a_cell_already_under_fresh_model_is_told_what_still_grows() -> None:
+    verdict = LeakDetector().judge(_counter_runs("fresh"))
+    assert verdict.growing and "Run the cell under %%fresh_model" not in verdict.message
+    assert "tf.function from an earlier cell" in verdict.message
+
+
+def test_graph_mode_growth_names_ops_and_the_slowdown() -> None:
+    verdict = LeakDetector().judge(_counter_runs("plain", graph_ops=True))
+    assert verdict.what == "graph_ops" and "default-graph ops by 100 per run" in verdict.message
+    assert "slower" in verdict.message and "0.10 s → 0.30 s" in verdict.message
+    fresh = LeakDetector().judge(_counter_runs("fresh", graph_ops=True)).message
+    assert "placeholders" in fresh and "Run the cell under" not in fresh
+
+
+@pytest.mark.slow
+def test_models_kept_by_a_fresh_model_cell_get_specific_advice(kip: InteractiveShell) -> None:
+    run(kip, "kept = []")
+    monitor = get_monitor(kip)
+    assert monitor is not None
+    for _ in range(3):
+        run(kip, "%%fresh_model -q\nm = build()\nkept.append(m)")
+    verdict = monitor.verdict()
+    assert verdict.growing and monitor.history()[-1].mode == "fresh"
+    assert "%gpu_mem --deep" in verdict.message
+    assert "Run the cell under %%fresh_model" not in verdict.message
