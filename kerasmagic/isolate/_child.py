@@ -1,4 +1,4 @@
-"""Entry point of the fresh process: ``python -m kerasmagic.isolate._child WORKDIR``.
+"""The worker of an isolated run (forked by :mod:`kerasmagic.isolate._guard`).
 
 The parent writes ``WORKDIR/call`` (a function, its arguments) and waits; this process runs it
 and writes ``WORKDIR/result``: ``("ok", value)`` or ``("error", (type, message, traceback))``.
@@ -8,6 +8,8 @@ after the environment (``CUDA_VISIBLE_DEVICES`` ...) is in place.
 
 from __future__ import annotations
 
+import ast
+import json
 import linecache
 import os
 import sys
@@ -21,28 +23,45 @@ Result = tuple[str, Any]
 CELL_FILENAME = "<isolated cell>"
 
 
+_PASSED_ENV = (
+    "KERAS_BACKEND",
+    "TF_CPP_MIN_LOG_LEVEL",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "JAX_PLATFORMS",
+)
+
+
+def _keras_backend() -> str | None:
+    """Return the backend of a Keras already imported in this process, else None."""
+    keras = sys.modules.get("keras")
+    try:
+        return str(keras.backend.backend()) if keras is not None else None
+    except Exception:  # a half-imported or stand-in module: no choice to pass on
+        return None
+
+
 def isolation_env(gpus: str | None, base: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """Return the variables to set in a child: GPU pinning, memory growth, quiet TF logs."""
-    env = {
-        "TF_FORCE_GPU_ALLOW_GROWTH": base.get("TF_FORCE_GPU_ALLOW_GROWTH", "true"),
-        "TF_CPP_MIN_LOG_LEVEL": base.get("TF_CPP_MIN_LOG_LEVEL", "2"),
-        "PYTHONUNBUFFERED": "1",
-    }
+    """Return the variables to set in a child: backend, memory settings, GPUs, quiet TF logs.
+
+    The user's own values win; the defaults are memory growth for TF, no preallocation for
+    JAX, TF's C++ logs off, and the backend of the Keras already imported here.
+    """
+    env = {name: base[name] for name in _PASSED_ENV if name in base}
+    env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    env["PYTHONUNBUFFERED"] = "1"
+    if "KERAS_BACKEND" not in env and (backend := _keras_backend()) is not None:
+        env["KERAS_BACKEND"] = backend
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
+        if gpus == "":
+            env.setdefault("JAX_PLATFORMS", "cpu")
     return env
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies; exit if it already has."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if parent_pid and os.getppid() != parent_pid:
-        os._exit(70)
 
 
 class Shown:
@@ -75,8 +94,6 @@ def call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any])
 
 def exec_cell(source: str, inputs: dict[str, Any], outputs: Sequence[str]) -> dict[str, Any]:
     """Run cell ``source`` with ``inputs`` as globals; return the outputs and the last value."""
-    import ast
-
     linecache.cache[CELL_FILENAME] = (len(source), None, source.splitlines(True), CELL_FILENAME)
     tree = ast.parse(source, CELL_FILENAME)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
@@ -88,7 +105,7 @@ def exec_cell(source: str, inputs: dict[str, Any], outputs: Sequence[str]) -> di
     missing = [name for name in outputs if name not in ns]
     if missing:
         raise NameError(f"the cell did not define the output(s) {', '.join(missing)}")
-    from kerasmagic.isolate.transport import _refusal
+    from kerasmagic.isolate.transport import _refusal  # already imported by run_worker
 
     if value is not None and _refusal(value) is not None:
         value = Shown(repr(value))
@@ -107,23 +124,24 @@ def write_result(result: Result, path: Path) -> None:
         transport.dump(("error", (kind, message, text)), path)
 
 
-def main(argv: Sequence[str]) -> int:
-    """Load the call from the work directory, run it, write the result."""
-    die_with_parent(int(os.environ.get("KERASMAGIC_PARENT_PID", "0")))
+def run_worker(work: Path) -> int:
+    """Run the call in ``work`` with the kernel's ``sys.path``; write its result."""
+    import cloudpickle  # noqa: F401  # the runner's own modules, before the user's path
+
     from kerasmagic.isolate import transport
 
-    work = Path(argv[1])
+    runner_path = list(sys.path)
+    user_path = json.loads((work / "path").read_text())
+    pythonpath = os.environ.pop("KERASMAGIC_PYTHONPATH", None)
+    if pythonpath is not None:
+        os.environ["PYTHONPATH"] = pythonpath  # for the user's own subprocesses
+    sys.path[:] = user_path
     try:
         fn, args, kwargs = transport.load(work / "call")
+        result = call(fn, args, kwargs)
     except BaseException as exc:  # e.g. a module the function needs is missing here
-        write_result(("error", error_info(exc)), work / "result")
-        return 0
-    write_result(call(fn, args, kwargs), work / "result")
+        result = ("error", error_info(exc))
+    finally:
+        sys.path[:] = runner_path
+    write_result(result, work / "result")
     return 0
-
-
-if __name__ == "__main__":
-    code = main(sys.argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # skip interpreter teardown: TensorFlow's can take seconds

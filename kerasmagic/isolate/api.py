@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
 
@@ -28,6 +29,25 @@ def gpu_spec(gpus: GpuSpec) -> str | None:
     return spec
 
 
+def check_timeout(timeout: float | None) -> float | None:
+    """Return ``timeout`` if it is None or a positive, finite number; raise ValueError if not."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise ValueError(f"timeout must be a positive, finite number of seconds: {timeout!r}")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a positive, finite number of seconds: {timeout!r}")
+    return float(timeout)
+
+
+def _check(timeout: float | None, on: str | None) -> None:
+    from kerasmagic.isolate.ray_backend import check_on
+
+    check_timeout(timeout)
+    if on is not None:
+        check_on(on)
+
+
 def run_isolated(
     fn: Callable[..., Any],
     /,
@@ -43,6 +63,7 @@ def run_isolated(
     ``"ray://host:port"`` it is the number of GPUs per run (fractions allowed). Raises
     ``IsolatedError`` (with the child's traceback), ``IsolatedCrash`` or ``IsolatedTimeout``.
     """
+    _check(timeout, on)
     if on is not None:
         from kerasmagic.isolate.ray_backend import ray_sweep
 
@@ -71,6 +92,7 @@ def isolated(
     on: str | None = None,
 ) -> F | Callable[[F], F]:
     """Make every call of ``fn`` run in a fresh process (``@isolated`` or ``@isolated(...)``)."""
+    _check(timeout, on)
 
     def wrap(func: F) -> F:
         @functools.wraps(func)
@@ -102,6 +124,7 @@ def sweep(
     output streams into the cell when ``workers == 1`` (``stream``), else it is kept in
     ``trial.output``. On Ray, ``gpus`` is the GPUs per trial.
     """
+    _check(timeout, on)
     configs = list(configs)
     if on is not None:
         from kerasmagic.isolate.ray_backend import ray_sweep

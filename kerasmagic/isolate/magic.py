@@ -8,6 +8,7 @@ leaves every variable as it was. Nothing here imports TensorFlow.
 from __future__ import annotations
 
 import keyword
+import math
 import pickle
 import re
 import sys
@@ -36,13 +37,28 @@ def _inputs(user_ns: dict[str, Any], names: list[str]) -> dict[str, Any]:
     return {n: user_ns[n] for n in names}
 
 
+def _unquote(value: str | None) -> str | None:
+    """Return ``value`` without one pair of enclosing quotes: IPython keeps ``--gpus ""`` as is."""
+    if value is not None and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
 def _check(args: Any, cell: str, code: str) -> None:
-    if args.timeout is not None and args.timeout <= 0:
-        raise UsageError("--timeout must be a positive number of seconds")
+    """Refuse bad flags with one line; unquote ``--gpus`` and ``--on`` in place."""
+    from kerasmagic.isolate.ray_backend import check_on
+
+    timeout = args.timeout
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise UsageError(f"--timeout must be a positive, finite number of seconds, not {timeout}")
     if "get_ipython()" in code and "get_ipython" not in cell:
         raise UsageError("an isolated cell runs plain Python: remove %magics and !commands")
-    if args.on is not None and args.on != "ray" and not args.on.startswith("ray://"):
-        raise UsageError(f"--on: expected 'ray' or 'ray://host:port', got {args.on!r}")
+    args.gpus, args.on = _unquote(args.gpus), _unquote(args.on)
+    if args.on is not None:
+        try:
+            check_on(args.on)
+        except ValueError as exc:
+            raise UsageError(f"--{exc}") from None
 
 
 def _run(args: Any, code: str, inputs: dict[str, Any], outputs: list[str]) -> Outcome:

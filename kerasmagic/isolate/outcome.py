@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Status = Literal["ok", "error", "crashed", "timeout", "interrupted"]
@@ -41,6 +41,7 @@ class Outcome:
     pid: int | None = None
     elapsed_s: float = 0.0
     output: str = ""
+    killed: list[str] = field(default_factory=list)  # "sleep (pid 12)": what had to be killed
 
     @property
     def ok(self) -> bool:

@@ -9,6 +9,7 @@ Ray's own log forwarding (``log_to_driver``), prefixed with the worker's pid.
 from __future__ import annotations
 
 import os
+import re
 import site
 import sys
 import time
@@ -57,6 +58,22 @@ def _pickled(fn: Callable[..., Any], calls: Sequence[Call]) -> list[bytes]:
         return [cloudpickle.dumps((fn, args, kwargs)) for args, kwargs in calls]
     finally:
         cloudpickle.unregister_pickle_by_value(module)
+
+
+_RAY_URL = re.compile(
+    r"ray://([A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):(\d{1,5})"
+)
+
+
+def check_on(on: str) -> str:
+    """Return ``on`` if it is ``"ray"`` or ``"ray://host:port"``; raise ValueError otherwise.
+
+    Checked before Ray is imported, so a typo never reaches ``ray.init``.
+    """
+    found = _RAY_URL.fullmatch(on) if isinstance(on, str) else None
+    if on != "ray" and (found is None or not 0 < int(found.group(2)) < 65536):
+        raise ValueError(f"on: expected 'ray' or 'ray://host:port' (port 1-65535), got {on!r}")
+    return on
 
 
 def connect(on: str) -> Any:

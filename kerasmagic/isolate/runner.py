@@ -1,33 +1,41 @@
-"""Run one call in a fresh ``python -m kerasmagic.isolate._child`` process.
+"""Run one call in a fresh process: ``python -c BOOT`` starts a guard, which forks the worker.
 
-The child is the leader of its own process group, so a timeout or Ctrl-C kills the whole tree
-with one ``killpg``; it also asks Linux to kill it when the kernel dies (``PR_SET_PDEATHSIG``).
-Its stdout and stderr are read in raw chunks (Keras progress bars use ``\\r``) by two threads
-and written by the calling thread, so output lands in the cell that started the run.
+The guard (:mod:`kerasmagic.isolate._guard`) is a child subreaper, so everything the run starts
+stays in its tree; every process of the run also carries the run's token in its environment.
+A timeout, Ctrl-C or a sweep's stop kills all of them (:func:`tree.end_tree`) and says which;
+after a normal exit the guard kills what the worker left running. Both pipes are read without
+blocking by the calling thread, so output lands in the cell that started the run as it comes
+(Keras progress bars use ``\\r``), and the deadline is checked whatever the output rate. The
+run ends when the guard exits, even if some escaped process still holds the pipes.
 """
 
 from __future__ import annotations
 
 import codecs
-import contextlib
+import json
 import os
-import queue
+import secrets
+import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Literal
 
 from kerasmagic.isolate import transport
 from kerasmagic.isolate._child import isolation_env
+from kerasmagic.isolate._guard import BOOT
 from kerasmagic.isolate.outcome import Outcome, describe_exit
+from kerasmagic.isolate.tflog import LogFilter
+from kerasmagic.isolate.tree import TOKEN_VAR, describe_killed, end_tree
 
 Sink = Callable[[str, bool], None]  # (text, is_stderr)
+Ended = Literal["exited", "timeout", "stopped"]
 _POLL_S = 0.05
+_GRACE_S = 0.5  # after the guard exits, how long output may still arrive
 
 
 def to_std_streams(text: str, is_stderr: bool) -> None:
@@ -37,67 +45,93 @@ def to_std_streams(text: str, is_stderr: bool) -> None:
     stream.flush()
 
 
-def kill_tree(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the child's whole process group and reap the child."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def _launch(work: Path, gpus: str | None) -> subprocess.Popen[bytes]:
-    path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-    env = {**os.environ, **isolation_env(gpus), "PYTHONPATH": path}
-    env["KERASMAGIC_PARENT_PID"] = str(os.getpid())
+def _launch(work: Path, env: dict[str, str], token: str) -> subprocess.Popen[bytes]:
+    """Start the guard; the user's code will see this kernel's ``sys.path`` and cwd."""
+    (work / "path").write_text(json.dumps([str(p) for p in sys.path]))
+    env = {**os.environ, **env, "KERASMAGIC_PARENT_PID": str(os.getpid()), TOKEN_VAR: token}
+    if "PYTHONPATH" in env:  # kept away from the runner's start-up, restored for the user's code
+        env["KERASMAGIC_PYTHONPATH"] = env.pop("PYTHONPATH")
+    root = str(Path(__file__).resolve().parents[2])  # where this kerasmagic is imported from
     return subprocess.Popen(
-        [sys.executable, "-m", "kerasmagic.isolate._child", str(work)],
+        [sys.executable, "-c", BOOT, root, str(work)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
-        start_new_session=True,
+        start_new_session=True,  # a terminal's Ctrl-C reaches the kernel only
     )
 
 
-def _read(pipe: IO[bytes], is_stderr: bool, out: queue.Queue[tuple[bool, bytes]]) -> None:
-    fd = pipe.fileno()
-    while chunk := os.read(fd, 65536):
-        out.put((is_stderr, chunk))
-    out.put((is_stderr, b""))
+class _Output:
+    """The child's two pipes, read without blocking, decoded, TF log lines dropped."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], sink: Sink, log_level: str | None) -> None:
+        self.sink, self.logs = sink, LogFilter(log_level)
+        self.selector = selectors.DefaultSelector()
+        for pipe, is_stderr in ((proc.stdout, False), (proc.stderr, True)):
+            assert pipe is not None
+            os.set_blocking(pipe.fileno(), False)
+            self.selector.register(pipe.fileno(), selectors.EVENT_READ, is_stderr)
+        self.decoders = {f: codecs.getincrementaldecoder("utf-8")("replace") for f in (0, 1)}
+
+    def open(self) -> bool:
+        return bool(self.selector.get_map())
+
+    def read(self, wait_s: float) -> None:
+        """Forward what arrives within ``wait_s``."""
+        if not self.open():
+            time.sleep(wait_s)
+            return
+        for key, _ in self.selector.select(wait_s):
+            try:
+                chunk = os.read(key.fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                self.selector.unregister(key.fd)
+            self._emit(self.decoders[key.data].decode(chunk, final=not chunk), key.data)
+
+    def _emit(self, text: str, is_stderr: bool) -> None:
+        text = self.logs.feed(text) if is_stderr else text
+        if text:
+            self.sink(text, is_stderr)
+
+    def close(self) -> None:
+        self._emit(self.logs.flush(), True)
+        self.selector.close()
 
 
 def _pump(
-    proc: subprocess.Popen[bytes], sink: Sink, deadline: float | None, stop: threading.Event
-) -> bool:
-    """Forward output until the child's pipes close; False if the deadline or a stop came."""
-    chunks: queue.Queue[tuple[bool, bytes]] = queue.Queue()
-    for pipe, is_stderr in ((proc.stdout, False), (proc.stderr, True)):
-        assert pipe is not None
-        threading.Thread(target=_read, args=(pipe, is_stderr, chunks), daemon=True).start()
-    decoders = {flag: codecs.getincrementaldecoder("utf-8")("replace") for flag in (False, True)}
-    open_pipes = 2
-    while open_pipes:
-        try:
-            is_stderr, chunk = chunks.get(timeout=_POLL_S)
-        except queue.Empty:
-            if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
-                return False
-            if proc.poll() is not None:
-                kill_tree(proc)  # the child is gone; end what still holds its pipes
-            continue
-        if not chunk:
-            open_pipes -= 1
-        elif text := decoders[is_stderr].decode(chunk):
-            sink(text, is_stderr)
-    return True
+    proc: subprocess.Popen[bytes], out: _Output, deadline: float | None, stop: threading.Event
+) -> Ended:
+    """Forward output until the guard exits; or until the deadline or a stop."""
+    grace_end = None
+    while True:
+        now = time.monotonic()
+        if stop.is_set():
+            return "stopped"
+        if proc.poll() is not None:
+            grace_end = grace_end or now + _GRACE_S
+            if not out.open() or now >= grace_end:
+                return "exited"
+        elif deadline is not None and now >= deadline:
+            return "timeout"
+        wait_s = _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - now))
+        out.read(wait_s)
 
 
-def _wait(proc: subprocess.Popen[bytes], deadline: float | None) -> bool:
-    """Wait for the child to exit; return False if the deadline passed first."""
-    try:
-        proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        return False
-    return True
+def _end(proc: subprocess.Popen[bytes], token: str, work: Path, ended: Ended | None) -> list[str]:
+    """Make sure nothing of the run is left; return what had to be killed."""
+    if ended == "exited":
+        proc.wait()
+        killed = (work / "killed").read_text().splitlines() if (work / "killed").exists() else []
+        if proc.returncode < 0:  # the guard died by a signal: its orphans went to init
+            killed += end_tree(None, token)
+        return killed
+    killed = end_tree(proc.pid, token)  # the guard is not reaped yet: its pid cannot be reused
+    proc.kill()
+    proc.wait()
+    return killed
 
 
 def _collect(work: Path, code: int, pid: int) -> Outcome:
@@ -134,20 +168,45 @@ def run_local(
     start = time.monotonic()
     try:
         transport.dump((fn, tuple(args), dict(kwargs or {})), work / "call")
-        proc = _launch(work, gpus)
+        env, token = isolation_env(gpus), secrets.token_hex(16)
+        proc = _launch(work, env, token)
+        out = _Output(proc, sink, env["TF_CPP_MIN_LOG_LEVEL"])
         deadline = None if timeout_s is None else start + timeout_s
+        ended: Ended | None = None
         try:
-            finished = _pump(proc, sink, deadline, stop) and _wait(proc, deadline)
+            ended = _pump(proc, out, deadline, stop)
         finally:
-            kill_tree(proc)  # also ends anything the child left behind in its group
-        if stop.is_set():
-            outcome = Outcome("interrupted", error="stopped", pid=proc.pid)
-        elif not finished:
-            text = f"timed out after {timeout_s:g} s; the process and its children were killed"
-            outcome = Outcome("timeout", error=text, pid=proc.pid)
-        else:
-            outcome = _collect(work, proc.returncode, proc.pid)
+            out.close()
+            killed = _end(proc, token, work, ended)
+            if ended is None:  # Ctrl-C (or an error) while it ran
+                sink(
+                    f"kerasmagic: interrupted; {describe_killed(killed) or 'nothing left'}\n", True
+                )
+        outcome = _outcome(ended, work, proc, killed, timeout_s, sink)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     outcome.elapsed_s = time.monotonic() - start
+    return outcome
+
+
+def _outcome(
+    ended: Ended,
+    work: Path,
+    proc: subprocess.Popen[bytes],
+    killed: list[str],
+    timeout_s: Any,
+    sink: Sink,
+) -> Outcome:
+    worker = int((work / "worker").read_text()) if (work / "worker").exists() else proc.pid
+    what = describe_killed(killed)
+    if ended == "stopped":
+        outcome = Outcome("interrupted", error=f"stopped; {what or 'nothing left'}", pid=worker)
+    elif ended == "timeout":
+        text = f"timed out after {timeout_s:g} s; {what or 'the process had already ended'}"
+        outcome = Outcome("timeout", error=text, pid=worker)
+    else:
+        outcome = _collect(work, proc.returncode, worker)
+        if killed:
+            sink(f"kerasmagic: {what} (left running by the isolated code)\n", True)
+    outcome.killed = killed
     return outcome

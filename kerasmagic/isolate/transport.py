@@ -8,10 +8,12 @@ goes through a pipe and is never copied on the reading side.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import mmap
 import os
 import pickle
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -26,9 +28,38 @@ class RefusedObject(TypeError):
 
 
 def workdir() -> Path:
-    """Return a fresh private directory, in ``/dev/shm`` when it is usable."""
-    base = _SHM if _SHM.is_dir() and os.access(_SHM, os.W_OK) else None
-    return Path(tempfile.mkdtemp(prefix="kerasmagic-", dir=base))
+    """Return a fresh private directory, in ``/dev/shm`` when it is usable.
+
+    Its name carries this process's pid; directories of dead owners (a kernel killed mid-cell)
+    are removed on the way.
+    """
+    base = _SHM if _SHM.is_dir() and os.access(_SHM, os.W_OK) else Path(tempfile.gettempdir())
+    remove_stale(base)
+    return Path(tempfile.mkdtemp(prefix=f"kerasmagic-{os.getpid()}-", dir=base))
+
+
+def remove_stale(base: Path) -> list[Path]:
+    """Remove this user's ``kerasmagic-PID-*`` directories whose PID is no longer running."""
+    removed = []
+    for path in base.glob("kerasmagic-*-*"):
+        owner = path.name.split("-")[1]
+        if not owner.isdigit() or _running(int(owner)):
+            continue
+        with contextlib.suppress(OSError):
+            if path.is_dir() and path.stat().st_uid == os.getuid():
+                shutil.rmtree(path)
+                removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _refusal(obj: Any) -> str | None:
