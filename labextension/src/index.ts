@@ -3,6 +3,8 @@
  * item for the active notebook's kernel, fed by the `kerasmagic` comm.
  */
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ICommandPalette } from '@jupyterlab/apputils';
+import { IMainMenu } from '@jupyterlab/mainmenu';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
@@ -31,8 +33,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'Kernel memory gauge for Keras/TensorFlow notebooks (kerasmagic).',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [IStatusBar],
-  activate: (app: JupyterFrontEnd, tracker: INotebookTracker, statusBar: IStatusBar | null) => {
+  optional: [IStatusBar, ICommandPalette, IMainMenu],
+  activate: (
+    app: JupyterFrontEnd,
+    tracker: INotebookTracker,
+    statusBar: IStatusBar | null,
+    palette: ICommandPalette | null,
+    mainMenu: IMainMenu | null
+  ) => {
     const model = new MemoryModel(tracker);
     const panel = new MemoryPanel(model);
     panel.id = PANEL_ID;
@@ -41,19 +49,37 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.shell.add(panel, 'right', { rank: 900 });
 
     app.commands.addCommand(CommandIDs.show, {
-      label: 'Show Kernel Memory (kerasmagic)',
+      label: 'Show Kernel Memory',
+      caption: 'Open the kerasmagic memory panel for the active notebook’s kernel',
       execute: () => app.shell.activateById(PANEL_ID)
     });
     app.commands.addCommand(CommandIDs.free, {
-      label: 'Free Kernel Memory (kerasmagic)',
-      isEnabled: () => model.status === 'live',
+      label: 'Free Kernel Memory',
+      caption: 'Run kerasmagic’s cleanup in the kernel (never drops a model kept under a name)',
+      isEnabled: () =>
+        model.status === 'live' && model.free.phase !== 'queued' && model.free.phase !== 'running',
       execute: () => model.freeMemory()
     });
     app.commands.addCommand(CommandIDs.load, {
-      label: 'Load kerasmagic in the Kernel',
+      label: 'Load kerasmagic',
+      caption: 'Run %load_ext kerasmagic silently in the active notebook’s kernel',
       isEnabled: () => model.status === 'not-loaded',
       execute: () => model.loadExtension()
     });
+    let enabledFor = '';
+    model.changed.connect(() => {
+      const now = `${model.status}/${model.free.phase}`;
+      if (now !== enabledFor) {
+        enabledFor = now;
+        app.commands.notifyCommandChanged(CommandIDs.free);
+        app.commands.notifyCommandChanged(CommandIDs.load);
+      }
+    });
+    const commands = [CommandIDs.show, CommandIDs.free, CommandIDs.load];
+    for (const command of commands) {
+      palette?.addItem({ command, category: 'Kernel' });
+    }
+    mainMenu?.kernelMenu.addGroup(commands.map(command => ({ command })), 90);
 
     if (statusBar) {
       const item = new MemoryStatus(model, () => app.shell.activateById(PANEL_ID));

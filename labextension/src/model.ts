@@ -4,6 +4,7 @@
  * verdict and the last "Free memory" result. No DOM here.
  */
 import { ISessionContext } from '@jupyterlab/apputils';
+import { PageConfig } from '@jupyterlab/coreutils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { Kernel, KernelMessage as KM } from '@jupyterlab/services';
 import { IDisposable } from '@lumino/disposable';
@@ -31,8 +32,23 @@ export interface IFreeState {
   phase: 'idle' | 'queued' | 'running' | 'done' | 'failed';
   report: ICleanupReport | null;
   summary: string;
-  /** RSS before the request, to show what the figure fell by. */
+  /** RSS just before and just after the cleanup itself (from its reply). */
   rssBeforeBytes: number | null;
+  rssAfterBytes: number | null;
+}
+
+const NO_FREE: IFreeState = {
+  phase: 'idle',
+  report: null,
+  summary: '',
+  rssBeforeBytes: null,
+  rssAfterBytes: null
+};
+
+/** How long "Free memory" may run without an answer (page config `kerasmagicFreeTimeoutMs`). */
+function freeTimeoutMs(): number {
+  const configured = Number(PageConfig.getOption('kerasmagicFreeTimeoutMs'));
+  return configured > 0 ? configured : 60000;
 }
 
 const HISTORY_CELLS = 30;
@@ -108,6 +124,10 @@ export class MemoryModel implements IDisposable {
   get free(): IFreeState {
     return this._free;
   }
+  /** Traced tf.functions at the last reading that counted them (cells skip the count), or null. */
+  get functions(): number | null {
+    return this._snapshot?.graph.functions ?? this._functions;
+  }
   /** The last error the kernel or the connection reported, or ''. */
   get error(): string {
     return this._error;
@@ -149,21 +169,53 @@ export class MemoryModel implements IDisposable {
     if (!channel || this._free.phase === 'queued' || this._free.phase === 'running') {
       return;
     }
-    this._free = {
-      phase: this.kernelStatus === 'busy' ? 'queued' : 'running',
-      report: null,
-      summary: '',
-      rssBeforeBytes: this._snapshot?.ram.rss_bytes ?? null
-    };
-    this._changed.emit();
+    const token = ++this._freeToken;
+    this._setFree({ ...NO_FREE, phase: this.kernelStatus === 'busy' ? 'queued' : 'running' });
     try {
       const reply = await channel.request('free_memory');
-      this._free = { ...this._free, phase: 'done', report: reply.report, summary: reply.summary };
+      if (token !== this._freeToken) {
+        return;
+      }
+      this._setFree({
+        phase: 'done',
+        report: reply.report,
+        summary: reply.summary,
+        rssBeforeBytes: reply.before?.ram.rss_bytes ?? null,
+        rssAfterBytes: reply.snapshot.ram.rss_bytes
+      });
+      if (reply.verdict !== undefined) {
+        this._verdict = reply.verdict;
+      }
       this._setSnapshot(reply.snapshot);
     } catch (error) {
-      this._free = { ...this._free, phase: 'failed', summary: String(error) };
+      if (token === this._freeToken) {
+        this._failFree(error instanceof Error ? error.message : String(error));
+      }
     }
     this._changed.emit();
+  }
+
+  /** Set the free state; a running cleanup gets a deadline, after which the button works again. */
+  private _setFree(state: IFreeState): void {
+    this._free = state;
+    window.clearTimeout(this._freeTimer);
+    if (state.phase === 'running') {
+      const token = this._freeToken;
+      const ms = freeTimeoutMs();
+      this._freeTimer = window.setTimeout(() => {
+        if (token === this._freeToken && this._free.phase === 'running') {
+          this._failFree(`no answer from the kernel within ${Math.round(ms / 1000)} s`);
+          this._changed.emit();
+        }
+      }, ms);
+    }
+    this._changed.emit();
+  }
+
+  /** End the pending "Free memory" (a late answer is ignored) and say why. */
+  private _failFree(why: string): void {
+    this._freeToken++;
+    this._setFree({ ...this._free, phase: 'failed', summary: why });
   }
 
   dispose(): void {
@@ -171,6 +223,7 @@ export class MemoryModel implements IDisposable {
       return;
     }
     this._disposed = true;
+    window.clearTimeout(this._freeTimer);
     this._poll.dispose();
     this._closeChannel();
     Signal.clearData(this);
@@ -200,11 +253,15 @@ export class MemoryModel implements IDisposable {
   private _restart(): void {
     this._closeChannel();
     this._snapshot = null;
+    this._functions = null;
     this._history = [];
     this._verdict = null;
     this._version = '';
     this._error = '';
-    this._free = { phase: 'idle', report: null, summary: '', rssBeforeBytes: null };
+    if (this._free.phase !== 'failed') {
+      this._freeToken++;
+      this._setFree(NO_FREE);
+    }
     this._connect();
   }
 
@@ -260,6 +317,9 @@ export class MemoryModel implements IDisposable {
         break;
       case 'sample':
         this._setSnapshot(message.snapshot);
+        if (message.verdict !== undefined) {
+          this._verdict = message.verdict;
+        }
         break;
       case 'cell':
         this._history = [...this._history, message.cell].slice(-HISTORY_CELLS);
@@ -273,6 +333,9 @@ export class MemoryModel implements IDisposable {
   private _setSnapshot(snapshot: ISnapshot): void {
     if (this._snapshot === null || snapshot.time_s >= this._snapshot.time_s) {
       this._snapshot = snapshot;
+    }
+    if (snapshot.graph.functions !== null) {
+      this._functions = snapshot.graph.functions;
     }
     this._lastUpdateMs = Date.now();
   }
@@ -293,13 +356,16 @@ export class MemoryModel implements IDisposable {
 
   private _onStatus(_: ISessionContext, status: Kernel.Status): void {
     if (GONE.includes(status)) {
+      if (this._free.phase === 'queued' || this._free.phase === 'running') {
+        this._failFree(`the kernel is ${status}: it did not answer "Free memory"`);
+      }
       this._closeChannel();
       this._status = 'no-kernel';
     } else if (status === 'idle' && this._status === 'no-kernel') {
       this._restart();
       return;
     } else if (status === 'idle' && this._free.phase === 'queued') {
-      this._free = { ...this._free, phase: 'running' };
+      this._setFree({ ...this._free, phase: 'running' });
     }
     this._changed.emit();
   }
@@ -349,7 +415,10 @@ export class MemoryModel implements IDisposable {
   private _snapshot: ISnapshot | null = null;
   private _history: ICellRecord[] = [];
   private _verdict: ILeakVerdict | null = null;
-  private _free: IFreeState = { phase: 'idle', report: null, summary: '', rssBeforeBytes: null };
+  private _free: IFreeState = NO_FREE;
+  private _freeToken = 0;
+  private _freeTimer = 0;
+  private _functions: number | null = null;
   private _error = '';
   private _connectStartedMs = 0;
   private _lastUpdateMs = 0;

@@ -86,6 +86,8 @@ export interface ILeakVerdict {
   growing: boolean;
   what: string;
   message: string;
+  /** Whether "Free memory" ran since the verdict's last cell (absent from older kernels). */
+  freed_since?: boolean;
 }
 
 /** `CleanupReport.to_dict()` from kerasmagic/cleanup.py. */
@@ -114,6 +116,7 @@ export interface ISampleMessage {
   protocol: number;
   type: 'sample';
   snapshot: ISnapshot;
+  verdict?: ILeakVerdict | null;
 }
 
 export interface ICellMessage {
@@ -147,7 +150,10 @@ export interface IFreeReply {
   request: 'free_memory';
   report: ICleanupReport;
   summary: string;
+  /** Snapshots just before and just after this cleanup (`before` absent from older kernels). */
+  before?: ISnapshot;
   snapshot: ISnapshot;
+  verdict?: ILeakVerdict | null;
 }
 
 export interface IErrorMessage {

@@ -77,21 +77,39 @@ export class KernelChannel implements IDisposable {
     });
   }
 
-  /** Close the comm (if still open) and reject every pending request. */
+  /**
+   * Close the comm (if still open) and reject every pending request.
+   *
+   * A comm the kernel has not answered yet is left registered: the kernel will still answer
+   * its open (a refusal closes it, and a close for a comm the connection no longer knows is
+   * logged as an error), so it is closed only once that answer arrives.
+   */
   dispose(): void {
     if (this._disposed) {
       return;
     }
     this._disposed = true;
-    if (!this._comm.isDisposed && !this.kernel.isDisposed) {
-      try {
-        this._comm.close();
-      } catch (error) {
-        // The kernel went away first: there is nothing left to close.
+    if (!this._endedOnce && !this._comm.isDisposed && !this.kernel.isDisposed) {
+      if (this._accepted) {
+        this._closeComm();
+      } else {
+        this._comm.onMsg = () => this._closeComm();
+        this._comm.onClose = () => undefined;
       }
     }
     this._rejectAll('the kernel connection was closed');
     Signal.clearData(this);
+  }
+
+  private _closeComm(): void {
+    if (this._comm.isDisposed || this.kernel.isDisposed) {
+      return;
+    }
+    try {
+      this._comm.close();
+    } catch (error) {
+      // The kernel went away first: there is nothing left to close.
+    }
   }
 
   private _onMsg(msg: KM.ICommMsgMsg): void {

@@ -54,6 +54,13 @@ function gauge(
   if (peak !== null && peak > mine) {
     bar.append(h('div', { class: 'jp-kerasmagic-peak', style: `left:${percent(peak, total)}%` }));
   }
+  const value = `${formatBytes(mine)} / ${formatBytes(total)}`;
+  bar.setAttribute('role', 'progressbar');
+  bar.setAttribute('aria-label', label);
+  bar.setAttribute('aria-valuemin', '0');
+  bar.setAttribute('aria-valuemax', String(total));
+  bar.setAttribute('aria-valuenow', String(Math.min(mine, total)));
+  bar.setAttribute('aria-valuetext', `${value} (${note})`);
   return h(
     'div',
     { class: 'jp-kerasmagic-gauge', 'data-km': key, 'data-bytes': String(mine) },
@@ -61,7 +68,7 @@ function gauge(
       'div',
       { class: 'jp-kerasmagic-gauge-label' },
       h('span', {}, label),
-      h('span', { class: 'jp-kerasmagic-value' }, `${formatBytes(mine)} / ${formatBytes(total)}`)
+      h('span', { class: 'jp-kerasmagic-value' }, value)
     ),
     bar,
     h('div', { class: 'jp-kerasmagic-note' }, note)
@@ -103,11 +110,15 @@ function tfLines(s: ISnapshot): HTMLElement {
   return h('div', { class: 'jp-kerasmagic-line', 'data-km': 'tf' }, h('b', {}, 'TF allocator '), text);
 }
 
-function fact(key: string, label: string, value: number | null): HTMLElement {
+/** A count tile, or nothing when the kernel does not know the figure (no "–" placeholders). */
+function fact(key: string, label: string, value: number | null): HTMLElement | null {
+  if (value === null) {
+    return null;
+  }
   return h(
     'div',
-    { class: 'jp-kerasmagic-fact', 'data-km': key },
-    h('span', { class: 'jp-kerasmagic-fact-value' }, value === null ? '–' : String(value)),
+    { class: 'jp-kerasmagic-fact', 'data-km': key, 'data-value': String(value) },
+    h('span', { class: 'jp-kerasmagic-fact-value' }, String(value)),
     h('span', { class: 'jp-kerasmagic-fact-label' }, label)
   );
 }
@@ -123,7 +134,16 @@ function historyChart(cells: ReadonlyArray<ICellRecord>, useGpu: boolean): HTMLE
   const width = 240;
   const height = 60;
   const step = width / 20;
-  const chart = svg('svg', { viewBox: `0 0 ${width} ${height}`, class: 'jp-kerasmagic-chart' });
+  const what = useGpu ? 'VRAM' : 'RSS';
+  const chart = svg('svg', {
+    viewBox: `0 0 ${width} ${height}`,
+    class: 'jp-kerasmagic-chart',
+    role: 'img',
+    'aria-label': shown.length
+      ? `${what} after cells ${shown[0].execution_count} to ${shown[shown.length - 1].execution_count}: ` +
+        `from ${formatBytes(endOf(shown[0]))} to ${formatBytes(endOf(shown[shown.length - 1]))}`
+      : `${what}: no cells recorded yet`
+  });
   shown.forEach((c, i) => {
     const x = i * step + 1;
     const barHeight = (endOf(c) / top) * (height - 2);
@@ -143,7 +163,6 @@ function historyChart(cells: ReadonlyArray<ICellRecord>, useGpu: boolean): HTMLE
     const peakY = height - (peakOf(c) / top) * (height - 2);
     chart.append(svg('line', { x1: x, x2: x + step - 2, y1: peakY, y2: peakY, class: 'jp-kerasmagic-peak-line' }));
   });
-  const what = useGpu ? 'VRAM' : 'RSS';
   return h(
     'div',
     { class: 'jp-kerasmagic-history', 'data-km': 'history', 'data-cells': String(cells.length) },
@@ -153,7 +172,7 @@ function historyChart(cells: ReadonlyArray<ICellRecord>, useGpu: boolean): HTMLE
   );
 }
 
-function freeText(free: IFreeState, snapshot: ISnapshot | null): string {
+function freeText(free: IFreeState): string {
   switch (free.phase) {
     case 'idle':
       return '';
@@ -162,20 +181,35 @@ function freeText(free: IFreeState, snapshot: ISnapshot | null): string {
     case 'running':
       return 'Freeing memory…';
     case 'failed':
-      return `Failed: ${free.summary}`;
+      return `Free memory failed: ${free.summary}.`;
     case 'done': {
       const report = free.report;
       if (report === null) {
         return free.summary;
       }
-      const fell = free.rssBeforeBytes !== null && snapshot !== null
-        ? `; RSS ${formatBytes(free.rssBeforeBytes)} → ${formatBytes(snapshot.ram.rss_bytes)}`
+      const fell = free.rssBeforeBytes !== null && free.rssAfterBytes !== null
+        ? `; RSS ${formatBytes(free.rssBeforeBytes)} → ${formatBytes(free.rssAfterBytes)}`
         : '';
       const dropped = report.dropped.length ? report.dropped.join(', ') : 'nothing';
       return `Freed ${(report.freed_bytes / 2 ** 20).toFixed(1)} MB${fell}. Dropped: ${dropped}. ` +
         (report.kept.length ? `Still alive under a name: ${report.kept.join(', ')}.` : '');
     }
   }
+}
+
+/** The leak warning, changed once "Free memory" ran after it; a polite live region. */
+function leakBanner(m: MemoryModel): HTMLElement {
+  const verdict = m.verdict;
+  if (!verdict?.growing) {
+    return h('div', { class: 'jp-kerasmagic-note', 'data-km': 'no-leak', role: 'status' },
+      m.live ? 'No growth across re-runs detected.' : 'Live monitor off: figures update after each cell.');
+  }
+  if (verdict.freed_since) {
+    return h('div', { class: 'jp-kerasmagic-leak jp-mod-freed', 'data-km': 'leak', 'data-freed': 'true', role: 'status' },
+      h('b', {}, 'Memory was freed since this warning. '), `Before: ${verdict.message}`);
+  }
+  return h('div', { class: 'jp-kerasmagic-leak', 'data-km': 'leak', role: 'alert' },
+    h('b', {}, '⚠ Memory keeps growing. '), verdict.message);
 }
 
 const MESSAGES: { [status: string]: string } = {
@@ -227,7 +261,7 @@ export class MemoryPanel extends Widget {
     this._loadButton.hidden = m.status !== 'not-loaded';
     this._freeButton.disabled = m.status !== 'live' || m.free.phase === 'queued' || m.free.phase === 'running';
     this._freeButton.hidden = m.status !== 'live';
-    this._freeResult.textContent = freeText(m.free, s);
+    this._freeResult.textContent = freeText(m.free);
     this._freeResult.dataset.phase = m.free.phase;
     this._freeResult.dataset.freedBytes = String(m.free.report?.freed_bytes ?? '');
     if (s === null || m.status !== 'live') {
@@ -235,7 +269,6 @@ export class MemoryPanel extends Widget {
       return;
     }
     const gpus = s.gpu.devices;
-    const verdict = m.verdict;
     this._body.replaceChildren(
       ramGauge(s),
       ...(gpus.length ? gpus.map(gpuGauge)
@@ -245,12 +278,9 @@ export class MemoryPanel extends Widget {
         fact('live-models', 'live Keras models', s.keras.live_models),
         fact('graph-ops', 'default-graph ops', s.graph.default_graph_ops),
         fact('custom-gradients', 'custom gradients', s.graph.custom_gradients),
-        fact('functions', 'tf.functions', s.graph.functions)),
+        fact('functions', 'traced tf.functions', m.functions)),
       historyChart(m.history, gpus.length > 0),
-      verdict?.growing
-        ? h('div', { class: 'jp-kerasmagic-leak', 'data-km': 'leak' }, h('b', {}, '⚠ Memory keeps growing. '), verdict.message)
-        : h('div', { class: 'jp-kerasmagic-note', 'data-km': 'no-leak' },
-          m.live ? 'No growth across re-runs detected.' : 'Live monitor off: figures update after each cell.')
+      leakBanner(m)
     );
   }
 
@@ -260,7 +290,12 @@ export class MemoryPanel extends Widget {
   private _body = h('div', { class: 'jp-kerasmagic-body' });
   private _loadButton: HTMLButtonElement;
   private _freeButton: HTMLButtonElement;
-  private _freeResult = h('div', { class: 'jp-kerasmagic-free-result', 'data-km': 'free-result' });
+  private _freeResult = h('div', {
+    class: 'jp-kerasmagic-free-result',
+    'data-km': 'free-result',
+    role: 'status',
+    'aria-live': 'polite'
+  });
 }
 
 /** The status-bar item: the kernel's VRAM, or its RSS without a GPU. */
@@ -271,7 +306,15 @@ export class MemoryStatus extends Widget {
     this.addClass('jp-kerasmagic-status');
     this.node.dataset.km = 'status';
     this.node.title = 'Kernel memory (kerasmagic): click for details';
+    this.node.setAttribute('role', 'button');
+    this.node.tabIndex = 0;
     this.node.addEventListener('click', onClick);
+    this.node.addEventListener('keydown', event => {
+      if (event.key === 'Enter' || event.key === ' ') {
+        event.preventDefault();
+        onClick();
+      }
+    });
     model.changed.connect(this._render, this);
     this._render();
   }
@@ -287,6 +330,7 @@ export class MemoryStatus extends Widget {
     const vram = gpuUsedBytes(s);
     const [label, bytes] = vram === null ? ['RSS', s.ram.rss_bytes] : ['VRAM', vram];
     this.node.textContent = `${label} ${formatBytes(bytes)}`;
+    this.node.setAttribute('aria-label', `Kernel ${label} ${formatBytes(bytes)}: open the memory panel`);
     this.node.dataset.bytes = String(bytes);
   }
 
