@@ -6,6 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+# Everything this run writes (listing, screenshots, pytest's temp dirs with the Jupyter
+# servers' config, runtime and notebooks) goes under one private folder of its own.
+work=$(mktemp -d "${TMPDIR:-/tmp}/kerasmagic-browser.XXXXXXXX")
+echo "browser CI files: $work"
 
 if ! [ -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null
@@ -21,12 +25,12 @@ if ! [ -f kerasmagic/labextension/static/style.js ]; then
   (cd labextension && jlpm install && jlpm build:prod)
 fi
 pip install -q --no-build-isolation -e '.[test]'
-jupyter labextension list 2>&1 | tee /tmp/labextensions.txt
-grep -E "kerasmagic v[0-9.]+.*enabled.*OK" /tmp/labextensions.txt >/dev/null \
+jupyter labextension list 2>&1 | tee "$work/labextensions.txt"
+grep -E "kerasmagic v[0-9.]+.*enabled.*OK" "$work/labextensions.txt" >/dev/null \
   || { echo "kerasmagic sidebar is not enabled and OK"; exit 1; }
 
-KERASMAGIC_REQUIRE_BROWSER=1 KERASMAGIC_SCREENSHOT="${KERASMAGIC_SCREENSHOT:-/tmp/sidebar.png}" \
-  KERASMAGIC_WIDGET_SCREENSHOT="${KERASMAGIC_WIDGET_SCREENSHOT:-/tmp/live_widget.png}" \
-  pytest -q -p no:cacheprovider tests/browser tests/test_version.py
+KERASMAGIC_REQUIRE_BROWSER=1 KERASMAGIC_SCREENSHOT="${KERASMAGIC_SCREENSHOT:-$work/sidebar.png}" \
+  KERASMAGIC_WIDGET_SCREENSHOT="${KERASMAGIC_WIDGET_SCREENSHOT:-$work/live_widget.png}" \
+  pytest -q -p no:cacheprovider --basetemp="$work/pytest" tests/browser tests/test_version.py
 
 echo "browser CI finished in $(( $(date +%s) - start )) s"

@@ -35,6 +35,7 @@ FLAGS = [
     "--disable-sync",
 ]
 MB = 2**20
+FREE_TIMEOUT_MS = 15000  # shorter than the sidebar's 60 s default, so a test can wait for it
 # The toolbar's execution indicator says "idle" before the kernel even starts, and a cell run
 # before the kernel is there opens the "Select Kernel" dialog (seen on a loaded machine), so wait
 # for the current notebook's own kernel.
@@ -99,7 +100,11 @@ def serve(tmp: Path, app: str = "lab") -> Iterator[Server]:
     labconfig = tmp / "JUPYTER_CONFIG_DIR" / "labconfig"
     labconfig.mkdir()
     off = {"@jupyterlab/apputils-extension:announcements": True}  # its toast covers the page
-    config = {"disabledExtensions": off, "exposeAppInBrowser": True}  # window.jupyterapp
+    config = {
+        "disabledExtensions": off,
+        "exposeAppInBrowser": True,  # window.jupyterapp
+        "kerasmagicFreeTimeoutMs": FREE_TIMEOUT_MS,  # the sidebar's "Free memory" deadline
+    }
     (labconfig / "page_config.json").write_text(json.dumps(config))
     root = tmp / "notebooks"
     root.mkdir()
@@ -176,12 +181,17 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    """A fresh page (own browser context) for one test."""
+    """A fresh page (own browser context) for one test; fails if the page logged an error."""
     context = browser.new_context(viewport={"width": 1400, "height": 900})
+    errors: list[str] = []
     try:
-        yield context.new_page()
+        page = context.new_page()
+        page.on("console", lambda m: m.type == "error" and errors.append(f"console: {m.text}"))
+        page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
+        yield page
     finally:
         context.close()
+    assert errors == [], "the page logged errors:\n" + "\n".join(errors)
 
 
 def run_cell(

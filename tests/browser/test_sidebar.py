@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from .conftest import (
+    FREE_TIMEOUT_MS,
     MB,
     Server,
     run_cell,
@@ -36,6 +37,9 @@ CELLS = [
     "small()  # held only by Out[]",
     "def train():\n    data = np.ones(300 * 2**20 // 8)  # 300 MB the traceback keeps alive\n"
     "    model = small()\n    raise RuntimeError('diverged')\ntrain()",
+    # A kernel that never answers "Free memory" (as one whose cleanup hung would).
+    "import kerasmagic.comm\nfor s in kerasmagic.comm._sidebars.values():\n"
+    "    s._request_free = lambda comm, rid: None",
 ]
 
 
@@ -43,6 +47,7 @@ def _figure(page: Any, key: str) -> int:
     return int(page.get_attribute(f'.jp-kerasmagic-panel [data-km="{key}"]', "data-bytes"))
 
 
+FREE_PHASE_JS = "document.querySelector('[data-km=\"free-result\"]')?.dataset.phase"
 STATUS_JS = "document.querySelector('.jp-kerasmagic-panel')?.dataset.status"
 RSS_JS = "Number(document.querySelector('.jp-kerasmagic-panel [data-km=\"rss\"]')?.dataset.bytes)"
 
@@ -94,12 +99,31 @@ def test_sidebar_follows_the_kernel_and_frees_memory(lab: Server, page: Any) -> 
     after = _figure(page, "rss")
     assert after < held - 250 * MB, (held, after, result)
     assert page.get_attribute('[data-km="kernel"]', "data-pid") == str(pid)
+    # The tiles show the state after the free (only `kept` is left), not the last cell's.
+    assert panel.locator('[data-km="live-models"]').get_attribute("data-value") == "1"
+    assert panel.locator('[data-km="functions"]').get_attribute("data-value") is not None
+    assert "–" not in panel.locator(".jp-kerasmagic-facts").inner_text()
+    bar = panel.locator('[data-km="rss"] [role="progressbar"]')
+    top = int(bar.get_attribute("aria-valuemax"))
+    assert int(bar.get_attribute("aria-valuenow")) == min(after, top)
+    assert panel.locator('[data-km="free-result"]').get_attribute("aria-live") == "polite"
+    status = page.locator(".jp-kerasmagic-status")
+    assert (status.get_attribute("role"), status.get_attribute("tabindex")) == ("button", "0")
     shot = os.environ.get("KERASMAGIC_SCREENSHOT")
     if shot:
         page.screenshot(path=shot)
 
+    # A kernel that does not answer: the panel gives up after the deadline and says so.
+    run_cell(page, 7)
+    page.click('.jp-kerasmagic-panel [data-km="free"]')
+    wait_until(page, f"{FREE_PHASE_JS} === 'failed'", timeout_s=FREE_TIMEOUT_MS / 1000 + 30)
+    assert "no answer from the kernel" in page.inner_text('[data-km="free-result"]')
+    assert page.locator('.jp-kerasmagic-panel [data-km="free"]').is_enabled()
+
     # A restarted kernel has no kerasmagic: the panel says so; its button loads it there.
     page.click('.lm-MenuBar-itemLabel:text-is("Kernel")')
+    for label in ("Show Kernel Memory", "Free Kernel Memory", "Load kerasmagic"):
+        assert page.locator(f'.lm-Menu-itemLabel:text-is("{label}")').count() == 1, label
     page.click('.lm-Menu-itemLabel:text-is("Restart Kernel…")')
     page.click(".jp-Dialog .jp-mod-accept")
     wait_until(page, f"{STATUS_JS} === 'not-loaded'", timeout_s=60)
