@@ -24,6 +24,7 @@ from kerasmagic.interrupts import held_interrupts
 from kerasmagic.probes import read_ram, read_tf
 from kerasmagic.stale import plan_cleanup
 from kerasmagic.tfpurge import PurgeResult, purge_custom_gradients
+from kerasmagic.tftraces import clear_stale_traces
 
 MB = 1024 * 1024
 
@@ -41,6 +42,7 @@ class CleanupReport:
     elapsed_s: float
     dry_run: bool = False
     notes: tuple[str, ...] = ()
+    stale_models: int = 0  # models the cleanup set out to free (freed_bytes / this: per model)
 
     def summary(self) -> str:
         """Return the one-line report shown after a ``%%fresh_model`` cell."""
@@ -162,7 +164,17 @@ def reset(
             shell=shell,
         )
     held.deliver()
+    global _last
+    _last = report if not report.dry_run else _last
     return report
+
+
+_last: CleanupReport | None = None
+
+
+def last_report() -> CleanupReport | None:
+    """Return the report of the most recent cleanup in this process (None before any)."""
+    return _last
 
 
 def _reset(
@@ -191,7 +203,9 @@ def _reset(
     plan_notes = list(dict.fromkeys(plan.notes))
     for _, act in plan.actions:
         act()
-    del plan
+    stale_and_kept = ([m for _, m in plan.stale.values()], [m for _, m in plan.kept.values()])
+    plan_notes += clear_stale_traces(ns, *stale_and_kept)  # before the purge: frees their graphs
+    del plan, stale_and_kept
     notes = plan_notes + _reset_tensorflow(patch_stack_traces)
     purge = purge_custom_gradients() if "tensorflow" in sys.modules else None
     if purge is None:
@@ -210,6 +224,7 @@ def _reset(
         purge=purge,
         elapsed_s=time.perf_counter() - start,
         notes=tuple(notes),
+        stale_models=len(watched),
     )
 
 

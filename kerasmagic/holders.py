@@ -13,18 +13,34 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kerasmagic.probes.keras_state import callback_types, is_a, model_types, scan_order, walk
+from kerasmagic.probes.keras_state import (
+    callback_types,
+    is_a,
+    is_user_name,
+    model_types,
+    scan_order,
+    walk,
+)
+from kerasmagic.probes.traced import estimate_bytes, traced_ops
 from kerasmagic.tracebacks import frame_locals, stored_tracebacks
 
 
 @dataclass(frozen=True)
 class LiveModel:
-    """One live model: its Keras name, class, bytes of weights and optimizer state, holders."""
+    """One live model: its Keras name, class, bytes of weights and optimizer state, holders.
+
+    ``traced_ops`` counts the ops of its traced functions' graphs; ``estimate_bytes`` is an
+    estimate (not a measurement) of what they keep; ``freeable``: "Free memory" would free it.
+    """
 
     name: str
     type: str
     size_bytes: int
     holders: tuple[str, ...]
+    traced_ops: int | None = None
+    estimate_bytes: int | None = None
+    freeable: bool = False
+    remedies: tuple[str, ...] = ()
 
 
 def _itemsize(dtype: Any) -> int:
@@ -113,6 +129,25 @@ def _size(model: Any) -> int:
         return 0
 
 
+def holder_remedy(holder: str) -> tuple[str, bool]:
+    """Return what frees a model held by ``holder`` (a path from ``namespace_paths``), and
+    whether "Free memory" (the cleanup with nothing rebound) does it on its own."""
+    root = holder.split("[", 1)[0].split(".", 1)[0].split(" ", 1)[0]
+    if holder.startswith("sys.last"):
+        return "a stored traceback: Free memory clears it", True
+    if not is_user_name(root) and root:
+        return "IPython's output cache: Free memory clears it", True
+    if holder.endswith(".model"):
+        return f"the link {holder}: Free memory cuts it (its numbers stay)", True
+    if holder.startswith("layer of model"):
+        return "part of another model: freed with it", False
+    if " " in holder or not root.isidentifier():
+        return "held outside the namespace (a module, closure or object): not freed here", False
+    if root == holder:
+        return f"del {root}, or rebind it in a %%fresh_model cell", False
+    return f"kept in {root}: remove it there, or %%fresh_model --all", False
+
+
 def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
     """Return every live Keras model, skipping the inner model a ``Sequential`` wraps."""
     types = model_types()
@@ -133,6 +168,19 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
         held = paths.get(id(m)) or (
             [owners[id(m)]] if id(m) in owners else referrer_kinds(m, (models,))
         )
-        out.append(LiveModel(_name(m), type(m).__name__, _size(m), tuple(held)))
+        ops = traced_ops(m)
+        remedies = [holder_remedy(h) for h in held]
+        out.append(
+            LiveModel(
+                _name(m),
+                type(m).__name__,
+                _size(m),
+                tuple(held),
+                ops,
+                estimate_bytes(ops),
+                freeable=all(free for _, free in remedies),
+                remedies=tuple(r for r, _ in remedies),
+            )
+        )
     del models
     return out

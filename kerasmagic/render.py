@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kerasmagic.backends import LABELS, NAMES, BackendDevice, BackendInfo, unsupported
-from kerasmagic.holders import LiveModel
 from kerasmagic.snapshot import MemorySnapshot
+
+if TYPE_CHECKING:
+    from kerasmagic.cleanup import CleanupReport
+    from kerasmagic.holders import LiveModel
+    from kerasmagic.probes.variables import Variable
 
 Row = tuple[str, str]
 
@@ -145,13 +150,42 @@ def snapshot_rows(snap: MemorySnapshot) -> list[Row]:
 
 
 def model_rows(models: Sequence[LiveModel]) -> list[Row]:
-    """Return one row per live model: name and type, size, who holds it."""
+    """Return one row per live model: weights, traced graphs (estimated), holders, remedies."""
     if not models:
         return [("models", "no live Keras model")]
+    return [(f"{m.name} ({m.type})", _model_text(m)) for m in models]
+
+
+def _model_text(m: LiveModel) -> str:
+    size = f"weights {fmt_bytes(m.size_bytes)}"
+    if m.traced_ops:
+        size += f" + traced graphs {m.traced_ops:,} ops (≈{fmt_bytes(m.estimate_bytes)}, estimate)"
+    holders = "; ".join(
+        f"{holder} → {remedy}" for holder, remedy in zip(m.holders, m.remedies, strict=False)
+    ) or ", ".join(m.holders)
+    verdict = "Free memory frees it" if m.freeable else "kept"
+    return f"{size}; held by {holders} [{verdict}]"
+
+
+def variable_rows(variables: Sequence[Variable]) -> list[Row]:
+    """Return the largest data variables (read-only: kerasmagic never frees them)."""
+    if not variables:
+        return [("data", "no array, DataFrame or tensor in the namespace")]
     return [
-        (f"{m.name} ({m.type})", f"{fmt_bytes(m.size_bytes)}, held by {', '.join(m.holders)}")
-        for m in models
+        (v.name, f"{fmt_bytes(v.size_bytes)} ({v.type}; yours, never freed)") for v in variables
     ]
+
+
+def freed_row(report: CleanupReport | None) -> list[Row]:
+    """Return the measured figure of the last cleanup, per model dropped, if there was one."""
+    if report is None or report.dry_run or not report.stale_models:
+        return []
+    each = report.freed_bytes / report.stale_models
+    text = (
+        f"freed {fmt_bytes(report.freed_bytes)} dropping {report.stale_models} "
+        f"model{'s' if report.stale_models != 1 else ''} (≈{fmt_bytes(int(each))} each, measured)"
+    )
+    return [("last cleanup", text)]
 
 
 class Table:

@@ -95,3 +95,37 @@ def test_bad_options(ip: InteractiveShell, line: str) -> None:
 def test_help(ip: InteractiveShell) -> None:
     doc = ip.find_line_magic("gpu_mem").__doc__ or ""
     assert all(flag in doc for flag in ("--json", "--reset-peak", "--deep", "--growth", "--limit"))
+
+
+def test_deep_scan_says_what_a_user_can_act_on(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(kip, "model = build()\nh = model.fit(x, y, verbose=0)\nbig = np.zeros((1000, 1000))")
+    run(kip, "results = [build()]")
+    run(kip, "%%fresh_model -q\nmodel = build()\nh = model.fit(x, y, verbose=0)")
+    capsys.readouterr()
+    kip.run_line_magic("gpu_mem", "--deep --json")
+    data = json.loads(capsys.readouterr().out)
+    fitted = next(m for m in data["models"] if "model" in m["holders"])
+    assert fitted["traced_ops"] > 100 and fitted["estimate_bytes"] > fitted["size_bytes"]
+    assert not fitted["freeable"] and "del model" in " ".join(fitted["remedies"])
+    listed = next(m for m in data["models"] if "results[0]" in m["holders"])
+    assert "kept in results" in listed["remedies"][0] and not listed["freeable"]
+    sizes = {v["name"]: v["size_bytes"] for v in data["variables"]}
+    assert sizes["big"] == 8_000_000 and sizes["x"] == 256 * 20 * 4
+    assert list(sizes)[0] == "big"  # largest first
+    kip.run_line_magic("gpu_mem", "--deep")
+    text = capsys.readouterr().out
+    assert "estimate" in text and "never freed" in text
+    assert "last cleanup" in text and "dropping 1 model" in text and "measured" in text
+
+
+def test_deep_scan_marks_what_free_memory_frees(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(kip, "build()")
+    capsys.readouterr()
+    kip.run_line_magic("gpu_mem", "--deep --json")
+    models = json.loads(capsys.readouterr().out)["models"]
+    model = next(m for m in models if any(h.startswith("Out[") for h in m["holders"]))
+    assert model["freeable"] and "output cache" in model["remedies"][0]
