@@ -113,7 +113,7 @@ def test_deep_scan_says_what_a_user_can_act_on(
     assert "kept in results" in listed["remedies"][0] and not listed["freeable"]
     sizes = {v["name"]: v["size_bytes"] for v in data["variables"]}
     assert sizes["big"] == 8_000_000 and sizes["x"] == 256 * 20 * 4
-    assert list(sizes)[0] == "big"  # largest first
+    assert next(iter(sizes)) == "big"  # largest first
     kip.run_line_magic("gpu_mem", "--deep")
     text = capsys.readouterr().out
     assert "estimate" in text and "never freed" in text
