@@ -149,15 +149,16 @@ def available(name: str) -> bool:
 def table(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
     lines = [
         "| backend | hand cleanup MB/re-run | %%fresh_model MB/re-run | %%fresh_model reset "
-        "(median) | kernel restart + imports | layer names | caches, run 2 → last |",
+        "(median) | kernel restart + imports | layer names | caches, run 2 → last run |",
         "|---|---:|---:|---:|---:|---|---|",
     ]
     for hand, fresh in rows:
         second, last = fresh["caches_second_last"]
+        caches = ", ".join(f"{k} {v} → {last.get(k)}" for k, v in (second or {}).items())
         lines.append(
             f"| {fresh['backend']} | {hand['rss_mb_per_run']:.3f} | "
             f"{fresh['rss_mb_per_run']:.3f} | {fresh['reset_s_median']} s | "
-            f"{fresh['restart_s']} s | {', '.join(fresh['layer_names'])} | {second} → {last} |"
+            f"{fresh['restart_s']} s | {', '.join(fresh['layer_names'])} | {caches} |"
         )
     return "\n".join(lines)
 
