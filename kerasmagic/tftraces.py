@@ -1,0 +1,197 @@
+"""Free the traces that a user's ``tf.function`` keeps of models a cleanup dropped.
+
+A ``@tf.function`` defined in an earlier cell (``train_step(model, opt, x, y)``) traces once per
+model it is called with and keeps every trace in its cache: the traced graph, the handles of the
+model's variables and, through the graph, the optimizer step's custom-gradient entries (~15 MB
+a model). The model is only weakly referenced by the cache key, so it dies; its trace never does.
+Here the ``tf.function`` objects reachable from the namespace (names, one level into containers
+and instance attributes, and the globals and closures of user functions found there) lose every
+trace that captured a variable of a dropped model or a variable already deleted: such a trace can
+never run again, and the function simply traces anew on its next call. TensorFlow's cache is
+private: where it does not look as expected nothing is touched and a note names the function,
+the traces it keeps and the remedy.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import types as pytypes
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
+from typing import Any
+
+from kerasmagic.probes.keras_state import MAX_ITEMS, is_user_name
+
+_FUNCTION = "tensorflow.python.eager.polymorphic_function.polymorphic_function"
+_CACHE = "tensorflow.core.function.polymorphism.function_cache"
+_CONTAINERS = (list, tuple, set, frozenset)
+_LOCK_TIMEOUT_S = 0.5
+
+
+def _tf_types() -> tuple[type, type] | None:
+    """Return (``Function``, ``FunctionCache``) if TensorFlow is imported and has them."""
+    function = getattr(sys.modules.get(_FUNCTION), "Function", None)
+    cache = getattr(sys.modules.get(_CACHE), "FunctionCache", None)
+    if isinstance(function, type) and isinstance(cache, type):
+        return function, cache
+    return None
+
+
+def _children(value: Any) -> Iterator[tuple[str, Any]]:
+    """Yield (suffix, item) one level into a container or an instance, never calling its code."""
+    kind = type(value)
+    if kind is dict:
+        for key, item in islice(dict.items(value), MAX_ITEMS):
+            yield f"[{_label(key)}]", item
+    elif kind in _CONTAINERS:
+        for i, item in enumerate(islice(value, MAX_ITEMS)):
+            yield f"[{i}]", item
+    elif kind is pytypes.FunctionType:  # the tf.functions a user function calls or closes over
+        for name in islice(value.__code__.co_names, MAX_ITEMS):
+            if name in value.__globals__:
+                yield f"→{name}", value.__globals__[name]
+        for cell in value.__closure__ or ():
+            try:
+                content = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            yield "→<closure>", content
+    elif not issubclass(kind, (type, pytypes.ModuleType)):
+        for ref in gc.get_referents(value):  # the instance's __dict__, read as the gc sees it
+            if type(ref) is dict:
+                for key, item in islice(dict.items(ref), MAX_ITEMS):
+                    yield (f".{key}" if type(key) is str else f"[{_label(key)}]"), item
+
+
+def _label(key: Any) -> str:
+    """Return a path part for a key without calling user code (no ``repr`` of odd keys)."""
+    return repr(key) if type(key) in (str, int, float, bool) else f"<{type(key).__name__}>"
+
+
+def find_functions(ns: Mapping[str, Any], function_type: type) -> list[tuple[str, Any]]:
+    """Return (path, tf.function) reachable from user names, one level in (see module doc)."""
+    found: dict[int, tuple[str, Any]] = {}
+    for name in [n for n in list(ns) if is_user_name(n)]:
+        value = ns.get(name)
+        if issubclass(type(value), function_type):
+            found.setdefault(id(value), (name, value))
+            continue
+        for suffix, item in _children(value):
+            if issubclass(type(item), function_type):
+                found.setdefault(id(item), (name + suffix, item))
+    return list(found.values())
+
+
+def variable_ids(models: Iterable[Any]) -> set[int]:
+    """Return the ids of the resource handles of the models' (and their optimizers') variables.
+
+    These are the very tensors a trace holds in ``captured_inputs``.
+    """
+    ids: set[int] = set()
+    for model in models:
+        try:
+            variables = list(model.variables)
+            optimizer = getattr(model, "optimizer", None)
+            variables += list(getattr(optimizer, "variables", None) or ())
+        except Exception:  # a half-built model: its variables cannot be listed
+            continue
+        for variable in variables:
+            inner = getattr(variable, "_value", variable)  # Keras 3 wraps a tf.Variable
+            handle = getattr(inner, "handle", None)
+            if handle is not None:
+                ids.add(id(handle))
+    return ids
+
+
+def _is_stale(concrete: Any, stale_ids: set[int]) -> bool:
+    """Return True if a trace captured a stale variable's handle or a variable since deleted."""
+    try:
+        captured = concrete.captured_inputs
+        weak_variables = concrete.graph._weak_variables
+    except Exception:
+        return False
+    if any(id(tensor) in stale_ids for tensor in captured):
+        return True
+    return any(ref() is None for ref in weak_variables)
+
+
+def _cache_of(fn: Any, cache_type: type) -> Any | None:
+    """Return the Function's trace cache if it looks as TensorFlow 2.21 lays it out, else None."""
+    cache = getattr(fn, "_function_cache", None)
+    if type(cache) is not cache_type or not callable(getattr(cache, "delete", None)):
+        return None
+    primary, dispatch = getattr(cache, "_primary", None), getattr(cache, "_dispatch_dict", None)
+    if not isinstance(primary, dict) or not isinstance(dispatch, dict):
+        return None
+    if not all(type(key) is tuple and len(key) == 2 for key in primary):
+        return None
+    for name in ("_variable_creation_config", "_no_variable_creation_config"):
+        config = getattr(fn, name, None)
+        if config is not None and getattr(config, "function_cache", None) is not cache:
+            return None
+    return cache
+
+
+def _drop(fn: Any, cache: Any, stale_ids: set[int]) -> int:
+    """Delete the stale traces from ``cache``; return how many went."""
+    gone = [
+        (key, concrete)
+        for key, concrete in cache._primary.items()
+        if _is_stale(concrete, stale_ids)
+    ]
+    for (context, function_type), _ in gone:
+        cache.delete(function_type, context)
+    first = getattr(fn, "_concrete_variable_creation_fn", None)
+    if fn._created_variables is not None and any(first is c for _, c in gone):
+        fn._concrete_variable_creation_fn = None  # read only during the first call
+    return len(gone)
+
+
+def _clear(path: str, fn: Any, cache_type: type, stale_ids: set[int]) -> str | None:
+    """Drop one function's stale traces; return a note (what went, or why nothing did)."""
+    cache = _cache_of(fn, cache_type)
+    label = f"tf.function {path}"
+    if cache is None:
+        held = sum(1 for c in _traces(fn) if _is_stale(c, stale_ids))
+        if not held:
+            return None
+        return (
+            f"{label} keeps {held} traces of dropped models (TensorFlow's trace cache not as "
+            f"expected; not cleared): re-run the cell that defines it to free them"
+        )
+    lock = getattr(fn, "_lock", None)
+    if lock is None or not lock.acquire(timeout=_LOCK_TIMEOUT_S):
+        return f"{label} is busy in another thread; its traces of dropped models stay"
+    try:
+        dropped = _drop(fn, cache, stale_ids)
+    finally:
+        lock.release()
+    return f"cleared {dropped} traces of {label}" if dropped else None
+
+
+def _traces(fn: Any) -> list[Any]:
+    try:
+        return list(fn._list_all_concrete_functions())
+    except Exception:
+        return []
+
+
+def clear_stale_traces(
+    ns: Mapping[str, Any], stale: Iterable[Any], kept: Iterable[Any] = ()
+) -> list[str]:
+    """Free the traces of ``stale`` models held by tf.functions in ``ns``; return notes.
+
+    Variables that a ``kept`` model shares (a reused encoder) never make a trace stale.
+    """
+    found = _tf_types()
+    if found is None:
+        return []
+    function_type, cache_type = found
+    stale_ids = variable_ids(stale) - variable_ids(kept)
+    notes = []
+    for path, fn in find_functions(ns, function_type):
+        note = _clear(path, fn, cache_type, stale_ids)
+        if note:
+            notes.append(note)
+    return notes

@@ -1,0 +1,150 @@
+"""Traces that a user's ``tf.function`` keeps of dropped models, against real TF in a real shell."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from kerasmagic.probes.graph import custom_gradient_count
+from kerasmagic.tftraces import clear_stale_traces
+from tests.conftest import run
+
+STEP = """
+@tf.function
+def train_step(model, opt, x, y):
+    with tf.GradientTape() as tape:
+        logits = model(x)
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, True))
+    grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+def fresh_pair(units=8):
+    m = keras.Sequential([keras.Input((20,)), keras.layers.Dense(units, activation="relu"),
+                          keras.layers.Dense(2)])
+    o = keras.optimizers.Adam()
+    o.build(m.trainable_variables)
+    return m, o
+"""
+LOOP = """%%fresh_model -q
+model, opt = fresh_pair()
+for _ in range(2):
+    loss = float(train_step(model, opt, x, y))
+"""
+
+
+def _functions() -> int:
+    from tensorflow.python.eager import context
+
+    return len(context.context().list_function_names())
+
+
+def _graphs(shell: InteractiveShell) -> list[weakref.ref[Any]]:
+    step = shell.user_ns["train_step"]
+    return [weakref.ref(c.graph) for c in step._list_all_concrete_functions()]
+
+
+def test_earlier_cell_tf_function_forgets_dropped_models(kip: InteractiveShell) -> None:
+    run(kip, STEP)
+    run(kip, LOOP)
+    first = _graphs(kip)
+    run(kip, LOOP)
+    sizes = (custom_gradient_count(), _functions())
+    for _ in range(3):
+        run(kip, LOOP)
+    step = kip.user_ns["train_step"]
+    assert step.experimental_get_tracing_count() == 1  # only the live model's trace
+    assert [ref() for ref in first] == [None]  # the first model's traced graph is freed
+    assert (custom_gradient_count(), _functions()) == sizes
+    assert math.isfinite(kip.user_ns["loss"])  # the retraced function trains the new model
+
+
+def test_report_names_the_cleared_function(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(kip, STEP)
+    run(kip, LOOP)
+    run(kip, LOOP.replace(" -q", ""))
+    assert "cleared 1 traces of tf.function train_step" in capsys.readouterr().out
+
+
+def test_trace_of_a_kept_model_stays(kip: InteractiveShell) -> None:
+    run(kip, STEP)
+    run(kip, "base, base_opt = fresh_pair(16)\nbase_loss = float(train_step(base, base_opt, x, y))")
+    for _ in range(3):
+        run(kip, LOOP)
+    step = kip.user_ns["train_step"]
+    assert step.experimental_get_tracing_count() == 2  # base's trace and the live model's
+    run(kip, "base_loss = float(train_step(base, base_opt, x, y))")
+    assert step.experimental_get_tracing_count() == 2  # base ran on its old trace: no retrace
+
+
+def test_traces_of_models_deleted_without_the_magic_are_freed(kip: InteractiveShell) -> None:
+    run(kip, STEP)
+    for _ in range(3):  # plain cells: each model dies when the name is rebound
+        run(kip, "model, opt = fresh_pair()\nloss = float(train_step(model, opt, x, y))")
+    assert kip.user_ns["train_step"].experimental_get_tracing_count() == 3
+    run(kip, "%%fresh_model -q\nz = 1")
+    assert kip.user_ns["train_step"].experimental_get_tracing_count() == 1
+
+
+def test_refitted_kept_model_and_fresh_models_do_not_accumulate(kip: InteractiveShell) -> None:
+    run(kip, "kept = build()\nkept.fit(x, y, epochs=1, verbose=0)\nfit_fn = kept.train_function")
+    cell = (
+        "%%fresh_model -q\nmodel = build()\nmodel.fit(x, y, verbose=0)\nkept.fit(x, y, verbose=0)"
+    )
+    run(kip, cell)
+    sizes = (custom_gradient_count(), _functions())
+    for _ in range(3):
+        run(kip, cell)
+    assert (custom_gradient_count(), _functions()) == sizes
+    assert kip.user_ns["kept"].train_function is kip.user_ns["fit_fn"]
+
+
+def test_function_in_a_container_or_called_by_a_user_function(kip: InteractiveShell) -> None:
+    run(kip, STEP)
+    run(kip, "steps = {'main': train_step}\ndel train_step")
+    run(kip, "def fit_once(m, o):\n    return float(steps['main'](m, o, x, y))")
+    for _ in range(3):
+        run(kip, "%%fresh_model -q\nmodel, opt = fresh_pair()\nloss = fit_once(model, opt)")
+    assert kip.user_ns["steps"]["main"].experimental_get_tracing_count() == 1
+
+
+def test_unexpected_cache_layout_is_left_alone_and_reported(kip: InteractiveShell) -> None:
+    run(kip, STEP)
+    run(kip, "model, opt = fresh_pair()\nloss = float(train_step(model, opt, x, y))")
+    step = kip.user_ns["train_step"]
+    step._function_cache = dict(step._function_cache._primary)  # as if TF changed its layout
+    notes = clear_stale_traces(kip.user_ns, [kip.user_ns["model"]])
+    assert len(step._function_cache) == 1
+    assert notes == [
+        "tf.function train_step keeps 1 traces of dropped models (TensorFlow's trace cache not "
+        "as expected; not cleared): re-run the cell that defines it to free them"
+    ]
+
+
+class _Anything:
+    def __getattr__(self, name: str) -> Any:
+        return self
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # like werkzeug's LocalProxy when unbound
+        raise RuntimeError("unbound proxy")
+
+
+class _Target:
+    pass
+
+
+def test_hostile_objects_in_the_namespace(kip: InteractiveShell) -> None:
+    run(kip, STEP)
+    run(kip, "model, opt = fresh_pair()\nloss = float(train_step(model, opt, x, y))")
+    target = _Target()
+    kip.user_ns.update(odd=weakref.proxy(target), anything=_Anything(), bag=[_Anything()])
+    del target
+    notes = clear_stale_traces(kip.user_ns, [kip.user_ns["model"]])
+    assert notes == ["cleared 1 traces of tf.function train_step"]
