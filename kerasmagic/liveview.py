@@ -64,7 +64,10 @@ def plot_png(records: Sequence[CellRecord]) -> bytes:
     gpu = [r.end.gpu_used_bytes for r in records]
     if any(g is not None for g in gpu):
         ax.plot(cells, [(g or 0) / 2**20 for g in gpu], "s-", label="VRAM at end")
-    ax.set_xlabel("cell")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # cells are whole numbers
+    ax.set_xlabel("cell (execution count)")
     ax.set_ylabel("MB")
     ax.legend(loc="best")
     fig.tight_layout()

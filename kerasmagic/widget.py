@@ -21,6 +21,9 @@ from kerasmagic.snapshot import MemorySnapshot
 from kerasmagic.svg import bar_html, sparkline_svg
 
 SPARK_CELLS = 50
+# JupyterLab's theme variables (light, dark, high contrast); the fallbacks serve other frontends.
+OK_COLOUR = "var(--jp-success-color1, #2e7d32)"
+WARN_COLOUR = "var(--jp-error-color1, #b71c1c)"
 
 
 def _tf_totals(snap: MemorySnapshot) -> tuple[int | None, int | None]:
@@ -83,34 +86,35 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
 
     def show_snapshot(self, snap: MemorySnapshot) -> None:
         """Show the memory figures of one snapshot (a sample or a cell's end)."""
-        with self._lock:
-            self.samples_seen += 1
-            self.rss_bytes = snap.ram.rss_bytes
-            self.host_total_bytes = snap.ram.total_bytes
-            self.running_peak_rss_bytes = max(self.running_peak_rss_bytes, snap.ram.rss_bytes)
-            self.gpu_used_bytes = snap.gpu_used_bytes
-            devices = snap.gpu.devices
-            self.gpu_total_bytes = sum(d.total_bytes for d in devices) if devices else None
-            self.tf_in_use_bytes, self.tf_reserved_bytes = _tf_totals(snap)
-            self.graph_functions = snap.graph.functions
-            self.custom_gradients = snap.graph.custom_gradients
-            self.live_models = snap.keras.live_models
-            self.name_counter = snap.keras.name_counter
-            self._bars.value = self._bars_html(snap)
-            self._figures.value = self._figures_html()
+        with self._lock, self.hold_sync():  # one comm message for all traits, not one each
+            self._show_snapshot(snap)
+
+    def _show_snapshot(self, snap: MemorySnapshot) -> None:
+        self.samples_seen += 1
+        self.rss_bytes = snap.ram.rss_bytes
+        self.host_total_bytes = snap.ram.total_bytes
+        self.running_peak_rss_bytes = max(self.running_peak_rss_bytes, snap.ram.rss_bytes)
+        self.gpu_used_bytes = snap.gpu_used_bytes
+        devices = snap.gpu.devices
+        self.gpu_total_bytes = sum(d.total_bytes for d in devices) if devices else None
+        self.tf_in_use_bytes, self.tf_reserved_bytes = _tf_totals(snap)
+        self.graph_functions = snap.graph.functions
+        self.custom_gradients = snap.graph.custom_gradients
+        self.live_models = snap.keras.live_models
+        self.name_counter = snap.keras.name_counter
+        self._bars.value = self._bars_html(snap)
+        self._figures.value = self._figures_html()
 
     def show_cell(self, record: CellRecord, verdict: LeakVerdict) -> None:
         """Show a finished cell: its delta, the sparkline and the leak verdict."""
-        with self._lock:
+        with self._lock, self.hold_sync():
             self.cell_peak_rss_bytes = record.peak_rss_bytes
             self.running_peak_rss_bytes = 0
-        self.show_snapshot(record.end)
-        with self._lock:
             self.last_cell = record.execution_count
             self.last_delta_bytes = record.delta.rss_bytes
             self.history_rss = [*self.history_rss, record.end.ram.rss_bytes][-SPARK_CELLS:]
             self.growing, self.warning = verdict.growing, verdict.message if verdict.growing else ""
-            self._figures.value = self._figures_html()
+            self._show_snapshot(record.end)
             self._spark.value = sparkline_svg(self.history_rss, "RSS after each cell")
             self._alert.value = self._alert_html()
 
@@ -149,9 +153,10 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
 
     def _alert_html(self) -> str:
         if not self.growing:
-            return "<div style='color:#2e7d32'>stable: no growth across re-runs</div>"
+            return f"<div style='color:{OK_COLOUR}'>stable: no growth across re-runs</div>"
         return (
-            f"<div style='color:#b71c1c;font-weight:bold'>&#9888; {html.escape(self.warning)}</div>"
+            f"<div role='alert' style='color:{WARN_COLOUR};font-weight:bold'>"
+            f"&#9888; {html.escape(self.warning)}</div>"
         )
 
 

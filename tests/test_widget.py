@@ -160,3 +160,27 @@ def test_widget_updates_while_a_cell_runs_in_a_real_kernel() -> None:
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_colours_are_theme_variables(ip: InteractiveShell, monitor: LiveMonitor) -> None:
+    import re
+
+    widget = LiveWidget(monitor)
+    run(ip, "keep = []")
+    for _ in range(3):
+        run(ip, "keep.append(b'x' * (40 * 2**20))")
+    html = "".join(child.value for child in widget.children)
+    colours = re.findall(r"(?:color|background|stroke)\s*:\s*([^;'\"]+)", html)
+    assert colours and all(c.strip().startswith("var(--jp-") for c in colours), colours
+    assert "flex-wrap:wrap" in html  # wraps on narrow screens instead of clipping
+    widget.close()
+    run(ip, "keep.clear()")
+
+
+def test_one_cell_is_one_state_message(ip: InteractiveShell, monitor: LiveMonitor) -> None:
+    widget = LiveWidget(monitor)
+    sent: list[dict[str, Any]] = []
+    widget.send_state = lambda key=None: sent.append({"key": key})  # type: ignore[method-assign]
+    run(ip, "a = 1")
+    assert len(sent) == 1, sent  # traits batched by hold_sync, not one message per trait
+    widget.close()
