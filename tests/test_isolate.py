@@ -203,3 +203,76 @@ def test_sweep_dict_configs_and_timeouts() -> None:
     trials = kerasmagic.sweep(trial, configs, workers=2, timeout=2, progress=False)
     assert [t.status for t in trials] == ["ok", "timeout"]
     assert trials[0].output == "done 1\n" and trials[1].config == configs[1]
+
+
+def child_env() -> dict[str, str | None]:
+    names = (
+        "TF_CPP_MIN_LOG_LEVEL",
+        "KERAS_BACKEND",
+        "TF_FORCE_GPU_ALLOW_GROWTH",
+        "XLA_PYTHON_CLIENT_PREALLOCATE",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "JAX_PLATFORMS",
+        "CUDA_VISIBLE_DEVICES",
+        "PYTHONPATH",
+    )
+    return {name: os.environ.get(name) for name in names}
+
+
+def test_backend_and_memory_settings_reach_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    import keras  # the kernel's Keras decides the child's backend when KERAS_BACKEND is unset
+
+    for name in ("TF_CPP_MIN_LOG_LEVEL", "KERAS_BACKEND", "XLA_PYTHON_CLIENT_PREALLOCATE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".3")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setenv("PYTHONPATH", "/nowhere")
+    env = kerasmagic.run_isolated(child_env, gpus="")
+    assert env["TF_CPP_MIN_LOG_LEVEL"] == "3"
+    assert env["KERAS_BACKEND"] == keras.backend.backend()
+    assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == ".3"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["JAX_PLATFORMS"] == "cpu"
+    assert env["PYTHONPATH"] == "/nowhere"  # the user's own value, for the cell's subprocesses
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    env = kerasmagic.run_isolated(child_env, gpus="1")
+    assert env["TF_CPP_MIN_LOG_LEVEL"] == "1" and env["KERAS_BACKEND"] == "jax"
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["JAX_PLATFORMS"] is None
+
+
+@pytest.mark.slow
+def test_tensorflow_log_lines_stay_out_of_the_cell(
+    ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    cell = "import sys, tensorflow as tf\nprint('two', int(tf.constant(1) + 1), file=sys.stderr)"
+    run(ip, f"%%fresh_model --isolate -q\n{cell}")
+    err = capfd.readouterr().err
+    assert "two 2" in err
+    for noise in ("oneDNN", "cpu_feature_guard", "absl::InitializeLog", "To enable the following"):
+        assert noise not in err
+
+
+def test_log_filter_drops_only_tf_lines_below_the_level() -> None:
+    from kerasmagic.isolate.tflog import LogFilter
+
+    absl = (
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+    )
+    info = "I0000 00:00:1796099673.497028    9428 port.cc:153] oneDNN custom operations are on.\n"
+    guard = "I0000 00:00:17.5    9 cpu_feature_guard.cc:227] This TensorFlow binary is optimized\n"
+    more = "To enable the following instructions: AVX2 FMA, rebuild TensorFlow.\n"
+    error = "E0000 00:00:1796099673.497028    9428 cuda.cc:1] failed call to cuInit\n"
+    logs = LogFilter("2")
+    text = absl + info
+    assert logs.feed(absl + info[:30]) == ""  # an unfinished line that may be a log line waits
+    assert logs.feed(info[30:] + guard + more + error + "\r 10%|##") == error + "\r 10%|##"
+    assert logs.feed(" user line\n") == " user line\n"
+    assert logs.feed(more) == more  # not after a dropped line: the user's own text
+    assert LogFilter("0").feed(text) == text
+    assert LogFilter(None).feed(info) == info
+    warn = LogFilter("3")
+    assert warn.feed("W0000 00:00:1.5 1 a.cc:1] x\nF0000 00:00:1.5 1 a.cc:1] y\n").startswith("F")

@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 import pytest
 from conftest import run
+from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import kerasmagic
@@ -106,3 +107,28 @@ def test_isolated_cell_on_ray(ip: InteractiveShell) -> None:
         == 42
     )
     assert ip.user_ns["total"] == 42
+
+
+def settings() -> dict[str, str | None]:
+    names = ("KERAS_BACKEND", "XLA_PYTHON_CLIENT_MEM_FRACTION", "TF_CPP_MIN_LOG_LEVEL")
+    return {name: os.environ.get(name) for name in names}
+
+
+def test_backend_and_memory_settings_reach_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's workers inherit the environment of the cluster's start, not the driver's now."""
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".25")
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    assert kerasmagic.run_isolated(settings, on="ray") == {
+        "KERAS_BACKEND": "jax",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": ".25",
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+    }
+
+
+def test_bad_addresses_never_reach_ray_init(ip: InteractiveShell) -> None:
+    for on in ("ray://", "ray://no-port", "ray://host:notaport", "file:///etc/passwd", ""):
+        with pytest.raises(ValueError, match="on: expected 'ray' or 'ray://host:port'"):
+            kerasmagic.run_isolated(settings, on=on)
+    with pytest.raises(UsageError, match="--on: expected"):
+        ip.run_cell_magic("fresh_model", "--isolate --on ray://host:notaport", "x = 1")

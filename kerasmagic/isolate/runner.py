@@ -11,11 +11,9 @@ run ends when the guard exits, even if some escaped process still holds the pipe
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
 import secrets
-import selectors
 import shutil
 import subprocess
 import sys
@@ -29,20 +27,12 @@ from kerasmagic.isolate import transport
 from kerasmagic.isolate._child import isolation_env
 from kerasmagic.isolate._guard import BOOT
 from kerasmagic.isolate.outcome import Outcome, describe_exit
-from kerasmagic.isolate.tflog import LogFilter
+from kerasmagic.isolate.streams import Output, Sink, to_std_streams
 from kerasmagic.isolate.tree import TOKEN_VAR, describe_killed, end_tree
 
-Sink = Callable[[str, bool], None]  # (text, is_stderr)
 Ended = Literal["exited", "timeout", "stopped"]
 _POLL_S = 0.05
 _GRACE_S = 0.5  # after the guard exits, how long output may still arrive
-
-
-def to_std_streams(text: str, is_stderr: bool) -> None:
-    """Write child output to this process's ``sys.stdout`` / ``sys.stderr`` at once."""
-    stream = sys.stderr if is_stderr else sys.stdout
-    stream.write(text)
-    stream.flush()
 
 
 def _launch(work: Path, env: dict[str, str], token: str) -> subprocess.Popen[bytes]:
@@ -62,47 +52,8 @@ def _launch(work: Path, env: dict[str, str], token: str) -> subprocess.Popen[byt
     )
 
 
-class _Output:
-    """The child's two pipes, read without blocking, decoded, TF log lines dropped."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], sink: Sink, log_level: str | None) -> None:
-        self.sink, self.logs = sink, LogFilter(log_level)
-        self.selector = selectors.DefaultSelector()
-        for pipe, is_stderr in ((proc.stdout, False), (proc.stderr, True)):
-            assert pipe is not None
-            os.set_blocking(pipe.fileno(), False)
-            self.selector.register(pipe.fileno(), selectors.EVENT_READ, is_stderr)
-        self.decoders = {f: codecs.getincrementaldecoder("utf-8")("replace") for f in (0, 1)}
-
-    def open(self) -> bool:
-        return bool(self.selector.get_map())
-
-    def read(self, wait_s: float) -> None:
-        """Forward what arrives within ``wait_s``."""
-        if not self.open():
-            time.sleep(wait_s)
-            return
-        for key, _ in self.selector.select(wait_s):
-            try:
-                chunk = os.read(key.fd, 65536)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                self.selector.unregister(key.fd)
-            self._emit(self.decoders[key.data].decode(chunk, final=not chunk), key.data)
-
-    def _emit(self, text: str, is_stderr: bool) -> None:
-        text = self.logs.feed(text) if is_stderr else text
-        if text:
-            self.sink(text, is_stderr)
-
-    def close(self) -> None:
-        self._emit(self.logs.flush(), True)
-        self.selector.close()
-
-
 def _pump(
-    proc: subprocess.Popen[bytes], out: _Output, deadline: float | None, stop: threading.Event
+    proc: subprocess.Popen[bytes], out: Output, deadline: float | None, stop: threading.Event
 ) -> Ended:
     """Forward output until the guard exits; or until the deadline or a stop."""
     grace_end = None
@@ -170,7 +121,7 @@ def run_local(
         transport.dump((fn, tuple(args), dict(kwargs or {})), work / "call")
         env, token = isolation_env(gpus), secrets.token_hex(16)
         proc = _launch(work, env, token)
-        out = _Output(proc, sink, env["TF_CPP_MIN_LOG_LEVEL"])
+        out = Output(proc, sink, env["TF_CPP_MIN_LOG_LEVEL"])
         deadline = None if timeout_s is None else start + timeout_s
         ended: Ended | None = None
         try:

@@ -11,7 +11,8 @@ from dataclasses import fields
 from typing import Any
 
 from kerasmagic.isolate.outcome import Outcome, Trial
-from kerasmagic.isolate.runner import Sink, run_local, to_std_streams
+from kerasmagic.isolate.runner import run_local
+from kerasmagic.isolate.streams import Sink, to_std_streams
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 

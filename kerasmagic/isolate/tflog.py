@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-_LINE = re.compile(r"([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\s:]+:\d+\] ")
+_LINE = re.compile(r"([IWEF])\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^\s:]+:\d+\] ")
 _ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called"
 _CONTINUED = "To enable the following instructions:"  # second line of cpu_feature_guard's notice
 _SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
