@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -276,3 +277,19 @@ def test_log_filter_drops_only_tf_lines_below_the_level() -> None:
     assert LogFilter(None).feed(info) == info
     warn = LogFilter("3")
     assert warn.feed("W0000 00:00:1.5 1 a.cc:1] x\nF0000 00:00:1.5 1 a.cc:1] y\n").startswith("F")
+
+
+def test_folders_of_dead_kernels_are_removed_by_the_next_run() -> None:
+    gone = psutil.Popen(["true"])
+    gone.wait()
+    base = transport.workdir().parent
+    stale, live = base / f"kerasmagic-{gone.pid}-old", base / f"kerasmagic-{os.getpid()}-live"
+    for folder in (stale, live):
+        folder.mkdir()
+        (folder / "call").write_bytes(b"x" * 1000)
+    try:
+        fresh = transport.workdir()
+        assert not stale.exists() and live.exists() and fresh.exists()
+    finally:
+        for folder in (stale, live, fresh):
+            shutil.rmtree(folder, ignore_errors=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import signal
 import sys
 import time
@@ -52,6 +51,8 @@ def _wait(worker: int, parent: int, work: Path) -> int:
         if pid:
             return status
         if os.getppid() != parent:
+            import shutil
+
             _end_leftovers()
             shutil.rmtree(work, ignore_errors=True)
             os._exit(70)

@@ -11,6 +11,7 @@ run ends when the guard exits, even if some escaped process still holds the pipe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -68,7 +69,11 @@ def _pump(
         elif deadline is not None and now >= deadline:
             return "timeout"
         wait_s = _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - now))
-        out.read(wait_s)
+        if out.open():
+            out.read(wait_s)
+        else:  # the pipes closed: the guard is exiting (or its code closed them)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(wait_s)
 
 
 def _end(proc: subprocess.Popen[bytes], token: str, work: Path, ended: Ended | None) -> list[str]:

@@ -7,7 +7,6 @@ import os
 import selectors
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 from kerasmagic.isolate.tflog import LogFilter
@@ -35,13 +34,11 @@ class Output:
         self.decoders = {f: codecs.getincrementaldecoder("utf-8")("replace") for f in (0, 1)}
 
     def open(self) -> bool:
+        """Return True while a pipe is still open."""
         return bool(self.selector.get_map())
 
     def read(self, wait_s: float) -> None:
         """Forward what arrives within ``wait_s``."""
-        if not self.open():
-            time.sleep(wait_s)
-            return
         for key, _ in self.selector.select(wait_s):
             try:
                 chunk = os.read(key.fd, 65536)
