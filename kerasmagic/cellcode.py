@@ -1,57 +1,115 @@
-"""Run a cell so that TensorFlow's native stack-trace cache sees the same code objects each time.
+"""Compile a ``%%fresh_model`` cell as IPython compiles a plain cell (``cellrun`` runs it).
 
 TensorFlow's eager runtime records the innermost ~25 Python frames of ops in a C++ map keyed by
-code objects and never empties it. A re-run cell compiled afresh is a new key, and so is the
-code IPython compiles around every ``%%fresh_model`` call: together ~0.3 MB per re-run that
-``gc`` cannot see. So the cell's code is compiled once per distinct source, and it runs below a
-fixed stack of padding frames that pushes IPython's fresh frames out of the captured window.
+code objects and never empties it. A re-run cell compiled afresh is a new key: ~0.3 MB per
+re-run that ``gc`` cannot see. So the cell's code is compiled once per distinct source.
+
+Like a plain cell, the code is compiled by the shell's compiler (its ``__future__`` flags, and
+top-level ``await`` when ``autoawait`` is on) and named ``Cell In[N]`` in tracebacks; the cell
+is parsed once, and every step is linear in its size.
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
+import sys
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
+from kerasmagic.cellparse import assigned_in, rebound_in
+
 MAX_CELLS = 256
-PADDING_FRAMES = 32  # deeper than the frames TensorFlow captures from an eager op
 
 
 @dataclass(frozen=True)
 class CompiledCell:
-    """A cell's statements, and its last expression (whose value the cell shows) if any."""
+    """A cell's statements, its last expression (whose value the cell shows) and its names."""
 
     body: CodeType
     last: CodeType | None
+    filename: str
+    rebound: frozenset[str]  # see kerasmagic.cellparse for the rule
+    assigned: frozenset[str]
+    silenced: bool  # the last expression ends with ";": show no Out, as in a plain cell
+
+    @property
+    def is_async(self) -> bool:
+        """Return whether the cell awaits at top level (it must run on an event loop)."""
+        codes = (self.body, self.last) if self.last is not None else (self.body,)
+        return any(code.co_flags & inspect.CO_COROUTINE for code in codes)
 
 
 _cache: OrderedDict[str, CompiledCell] = OrderedDict()
 
 
-def compile_cell(shell: Any, code: str) -> CompiledCell:
-    """Return the compiled cell for ``code`` (IPython-transformed source), reusing earlier ones."""
-    cached = _cache.get(code)
+def compile_cell(shell: Any, code: str, header: str = "") -> CompiledCell:
+    """Return the compiled cell for ``code`` (IPython-transformed source), reusing earlier ones.
+
+    ``header`` (the ``%%magic`` line) is shown as line 1 in tracebacks, so line numbers match
+    the notebook cell. Raise ``SyntaxError`` (naming the cell) if the code does not compile.
+    """
+    source = f"{header}\n{code}" if header else code
+    number = cell_number(shell)
+    cached = _cache.get(source)
     if cached is not None:
-        _cache.move_to_end(code)
+        _cache.move_to_end(source)
+        _name_cell(shell, cached.filename, number)
         return cached
-    tree = shell.transform_ast(ast.parse(code))
-    filename = shell.compile.cache(code)
-    flags = shell.compile.flags  # the shell's __future__ flags, not this module's
-    last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        expr = ast.Expression(tree.body.pop().value)
-        last = compile(expr, filename, "eval", flags=flags, dont_inherit=True)
-    compiled = CompiledCell(compile(tree, filename, "exec", flags=flags, dont_inherit=True), last)
-    _cache[code] = compiled
+    compiled = _compile(shell, source, code, number, offset=1 if header else 0)
+    _cache[source] = compiled
     if len(_cache) > MAX_CELLS:
         _cache.popitem(last=False)
     return compiled
 
 
-def run_padded(fn: Callable[..., Any], *args: Any, depth: int = PADDING_FRAMES) -> Any:
-    """Call ``fn(*args)`` below ``depth`` identical frames (IPython hides them in tracebacks)."""
-    __tracebackhide__ = True  # read by IPython's traceback formatter
-    return fn(*args) if depth <= 0 else run_padded(fn, *args, depth=depth - 1)
+def cell_number(shell: Any, max_depth: int = 50) -> int:
+    """Return the ``In[N]`` of the cell running now: the nearest calling frame IPython named.
+
+    IPython 9 counts a cell before running it and IPython 8 after, so the shell's counter alone
+    is off by one in one of them; the caller's code name is right in both.
+    """
+    names = getattr(shell.compile, "_filename_map", None)
+    frame = sys._getframe(1)
+    for _ in range(max_depth):
+        if frame is None:
+            break
+        if isinstance(names, dict) and frame.f_code.co_filename in names:
+            return int(names[frame.f_code.co_filename])
+        frame = frame.f_back  # type: ignore[assignment]
+    return int(shell.execution_count)
+
+
+def _name_cell(shell: Any, filename: str, number: int) -> None:
+    """Show a re-used code object as ``Cell In[number]`` (IPython's filename -> count map)."""
+    names = getattr(shell.compile, "_filename_map", None)
+    if isinstance(names, dict):
+        names[filename] = number
+
+
+def _compile(shell: Any, source: str, code: str, number: int, offset: int) -> CompiledCell:
+    compiler = shell.compile
+    filename = compiler.cache(source, number)
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if getattr(shell, "autoawait", False) else 0
+    with compiler.extra_flags(flags):
+        text = "\n" * offset + code
+        tree = compiler.ast_parse(text, filename)
+        rebound, assigned = frozenset(rebound_in(tree)), frozenset(assigned_in(tree))
+        silenced = _ends_with_semicolon(text, tree)
+        tree = shell.transform_ast(tree)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = compiler(ast.Expression(tree.body.pop().value), filename, "eval")
+        body = compiler(tree, filename, "exec")  # the shell's compiler keeps __future__ imports
+    return CompiledCell(body, last, filename, rebound, assigned, silenced)
+
+
+def _ends_with_semicolon(text: str, tree: ast.Module) -> bool:
+    """Return whether a ``;`` follows the cell's last expression (IPython then shows no Out)."""
+    last = tree.body[-1] if tree.body else None
+    if not isinstance(last, ast.Expr) or last.end_lineno is None or last.end_col_offset is None:
+        return False
+    line = text.splitlines()[last.end_lineno - 1].encode()  # AST columns count UTF-8 bytes
+    return line[last.end_col_offset :].lstrip().startswith(b";")

@@ -1,53 +1,133 @@
-"""Which names a cell rebinds before it reads them."""
+"""Which names a cell rebinds before it reads them, and which names it assigns at all.
+
+The rule (``rebound_names``): a name is rebound when a plain assignment (``x = ...``,
+``a, b = ...``, ``x: T = ...``) binds it in code that runs whenever the cell runs, before any
+read of it in program order. Code that runs whenever the cell runs: the cell's top level and
+the bodies of ``with``, ``for``, ``while`` (also ``async``), ``try`` and ``finally``, up to a
+``break`` or ``continue`` of that loop. ``if``/``elif``/``else``, ``match`` cases, ``except``
+handlers and loop/``try`` ``else`` clauses are conditional: their writes never count, and
+neither does anything nested in them. A ``for`` loop's own target is not counted. A read is any
+use of the name anywhere earlier in program order: in a condition, a loop header, a ``def``,
+``lambda``, comprehension or class body, or earlier in the same loop body.
+"""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
+
+LOOPS = (ast.For, ast.AsyncFor, ast.While)
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+TRIES = (ast.Try, ast.TryStar)
 
 
-def _loads(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+def _loads(node: ast.AST) -> Iterator[str]:
+    return (n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
 
 
-def _target_names(target: ast.expr) -> set[str]:
-    """Return plain names a target binds (``a``, ``a, b``, ``*a``), not ``a[0]`` or ``a.x``."""
+def _target_names(target: ast.expr) -> Iterator[str]:
+    """Yield plain names a target binds (``a``, ``a, b``, ``*a``), not ``a[0]`` or ``a.x``."""
     if isinstance(target, ast.Name):
-        return {target.id}
-    if isinstance(target, (ast.Tuple, ast.List)):
-        return set().union(*(_target_names(t) for t in target.elts)) if target.elts else set()
-    if isinstance(target, ast.Starred):
-        return _target_names(target.value)
-    return set()
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for elt in target.elts:
+            yield from _target_names(elt)
+    elif isinstance(target, ast.Starred):
+        yield from _target_names(target.value)
 
 
-def _scan(body: list[ast.stmt], seen: set[str], rebound: set[str]) -> None:
-    for stmt in body:
+def _leaves_loop(stmt: ast.stmt) -> bool:
+    """Return whether ``stmt`` may ``break``/``continue`` the loop whose body it is in."""
+    if isinstance(stmt, (ast.Break, ast.Continue)):
+        return True
+    if isinstance(stmt, SCOPES):
+        return False
+    children: list[ast.stmt] = list(stmt.orelse) if isinstance(stmt, LOOPS) else []
+    if not isinstance(stmt, LOOPS):
+        for child in ast.iter_child_nodes(stmt):
+            if isinstance(child, ast.stmt):
+                children.append(child)
+            elif isinstance(child, (ast.ExceptHandler, ast.match_case)):
+                children.extend(child.body)
+    return any(_leaves_loop(child) for child in children)
+
+
+class _Scan:
+    """One pass over a cell in program order; each node is read once (linear in cell size)."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.rebound: set[str] = set()
+
+    def read(self, *nodes: ast.AST | None) -> None:
+        for node in nodes:
+            if node is not None:
+                self.seen.update(_loads(node))
+
+    def bind(self, targets: list[ast.expr]) -> None:
+        self.rebound.update(n for t in targets for n in _target_names(t) if n not in self.seen)
+
+    def body(self, stmts: list[ast.stmt], in_loop: bool = False) -> None:
+        """Scan statements that run unconditionally (until a loop exit, when ``in_loop``)."""
+        for index, stmt in enumerate(stmts):
+            self.stmt(stmt, in_loop)
+            if in_loop and _leaves_loop(stmt):
+                for rest in stmts[index + 1 :]:
+                    self.read(rest)
+                return
+
+    def stmt(self, stmt: ast.stmt, in_loop: bool) -> None:
         if isinstance(stmt, ast.Assign):
-            seen |= _loads(stmt.value) | set().union(*(_loads(t) for t in stmt.targets))
-            for target in stmt.targets:
-                rebound |= _target_names(target) - seen
+            self.read(stmt.value, *stmt.targets)
+            self.bind(stmt.targets)
         elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
-            seen |= _loads(stmt.value)
-            rebound |= _target_names(stmt.target) - seen
-        elif isinstance(stmt, (ast.With, ast.AsyncWith)):  # its body runs unconditionally
-            for item in stmt.items:
-                seen |= _loads(item.context_expr)
-            _scan(stmt.body, seen, rebound)
+            self.read(stmt.value, stmt.target, stmt.annotation)
+            self.bind([stmt.target])
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            self.read(*(item.context_expr for item in stmt.items))
+            self.read(*(item.optional_vars for item in stmt.items))
+            self.body(stmt.body, in_loop)
+        elif isinstance(stmt, LOOPS):
+            self.loop(stmt)
+        elif isinstance(stmt, TRIES):
+            self.body(stmt.body, in_loop)
+            self.read(*stmt.handlers, *stmt.orelse)
+            self.body(stmt.finalbody, in_loop)
         else:  # conditional or other statements: their reads count, their writes do not
-            seen |= _loads(stmt)
-        seen |= rebound
+            self.read(stmt)
+
+    def loop(self, stmt: ast.For | ast.AsyncFor | ast.While) -> None:
+        if isinstance(stmt, ast.While):
+            self.read(stmt.test)
+        else:
+            self.read(stmt.iter, stmt.target)  # the target binds only if the iterable is not empty
+        self.body(stmt.body, in_loop=True)
+        self.read(*stmt.orelse)
+
+
+def rebound_in(tree: ast.Module) -> set[str]:
+    """Return top-level names ``tree`` assigns unconditionally before reading them.
+
+    ``model = build()`` rebinds ``model``, also inside ``for``/``while``/``with``/``try``
+    bodies; ``model = model.fit(...)``, ``results += [...]`` and ``if c: model = build()`` do
+    not (the module docstring states the whole rule).
+    """
+    scan = _Scan()
+    scan.body(tree.body)
+    return scan.rebound
+
+
+def assigned_in(tree: ast.Module) -> set[str]:
+    """Return every name ``tree`` stores anywhere (``--keep`` may name what the cell defines)."""
+    return {
+        n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
+    }
 
 
 def rebound_names(source: str) -> set[str]:
-    """Return top-level names the code assigns unconditionally before reading them.
-
-    ``model = build()`` rebinds ``model``; ``model = model.fit(...)`` and ``results += [...]``
-    read the old value first, so they do not. Code that does not parse rebinds nothing.
-    """
+    """Return ``rebound_in`` of the parsed source; code that does not parse rebinds nothing."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return set()
-    rebound: set[str] = set()
-    _scan(tree.body, set(), rebound)
-    return rebound
+    return rebound_in(tree)

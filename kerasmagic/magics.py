@@ -6,15 +6,16 @@ import json
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from traitlets import Bool
 
-from kerasmagic.cellcode import CompiledCell, compile_cell, run_padded
-from kerasmagic.cellparse import rebound_names
+from kerasmagic import cellrun
+from kerasmagic.cellcode import compile_cell
 from kerasmagic.cleanup import reset
 from kerasmagic.holders import live_models
+from kerasmagic.magicargs import keep_names, megabytes, parse_line
 from kerasmagic.probes import read_ram
 from kerasmagic.probes.tf_alloc import reset_peaks
 from kerasmagic.render import Table, fmt_bytes, model_rows, snapshot_rows
@@ -62,14 +63,15 @@ class KerasMagics(Magics):
     )
     @argument(
         "--limit",
-        type=int,
+        type=megabytes,
         metavar="MB",
         help="Cap TensorFlow at MB megabytes per GPU (only before TF starts its GPUs).",
     )
+    @no_var_expand  # a line is options, not code: and expanding an 80 KB line took minutes
     @line_magic
     def gpu_mem(self, line: str) -> None:
         """Show RAM, GPU memory per device, TensorFlow's allocator, graph size and live models."""
-        args = parse_argstring(self.gpu_mem, line)
+        args = parse_line(self.gpu_mem, line)
         if args.live or args.history or args.plot:
             from kerasmagic.liveview import show
 
@@ -127,27 +129,31 @@ class KerasMagics(Magics):
         help='GPUs of the isolated process: "0", "0,1", "" for CPU; with --on ray: GPUs per run.',
     )
     @argument("--on", metavar="BACKEND", help="Run the isolated cell on ray or ray://host:port.")
+    @no_var_expand
     @cell_magic
     def fresh_model(self, line: str, cell: str) -> Any:
         """Free stale models and TF state, then run the cell, then report in one line.
 
-        Stale: models under names the cell rebinds (``model = ...``), and models held only by
-        IPython's output cache, a stored traceback or a callback's ``.model``. Models under
-        names the cell does not touch are kept and listed. Non-model data is never touched.
+        Stale: models under names the cell rebinds (``model = ...``, also in a ``for``/
+        ``while``/``with``/``try`` body, not in an ``if``), and models held only by IPython's
+        output cache, a stored traceback or a callback's ``.model``. Models under names the
+        cell does not touch are kept and listed. Non-model data is never touched.
         """
-        args = parse_argstring(self.fresh_model, line)
+        __tracebackhide__ = True  # read by IPython's traceback formatter
+        args = parse_line(self.fresh_model, line)
         if args.isolate:
             from kerasmagic.isolate.magic import run_cell_isolated
 
             return run_cell_isolated(self.ip, args, cell)
         if any(getattr(args, name) is not None for name in ISOLATE_FLAGS):
             raise UsageError("--inputs, --outputs, --timeout, --gpus and --on need --isolate")
-        code = self.ip.transform_cell(cell)
-        compiled = compile_cell(self.ip, code)  # a cell that cannot compile drops nothing
+        header = f"%%fresh_model {line}".rstrip()
+        compiled = compile_cell(self.ip, self.ip.transform_cell(cell), header)  # or drop nothing
+        keep = keep_names(args.keep, self.ip.user_ns, compiled.assigned)
         report = reset(
             self.ip.user_ns,
-            rebinding=rebound_names(code),
-            keep=args.keep,
+            rebinding=compiled.rebound,
+            keep=keep,
             drop_all=args.drop_all,
             dry_run=args.dry_run,
             patch_stack_traces=self.patch_stack_traces,
@@ -157,19 +163,13 @@ class KerasMagics(Magics):
             print(f"kerasmagic: {report.summary()}")
             return None
         rss_before = read_ram().rss_bytes
-        try:
-            return self._run(compiled)
-        finally:
+
+        def report_line() -> None:
             if not args.quiet:
                 cell_delta = fmt_bytes(read_ram().rss_bytes - rss_before)
                 print(f"kerasmagic: {report.summary()}; cell RSS {cell_delta}")
 
-    def _run(self, cell: CompiledCell) -> Any:
-        """Run a compiled cell in the user namespace; return its last expression's value."""
-        __tracebackhide__ = True  # read by IPython's traceback formatter
-        glob, loc = self.ip.user_global_ns, self.ip.user_ns
-        run_padded(exec, cell.body, glob, loc)
-        return None if cell.last is None else run_padded(eval, cell.last, glob, loc)
+        return cellrun.run(self.ip, compiled, report_line)
 
 
 __all__ = ["KerasMagics"]

@@ -1,0 +1,277 @@
+"""``%%fresh_model`` and ``%gpu_mem`` on every kind of cell and magic line, in a real shell.
+
+Loop cells rebind their names; cells run as plain cells do (top-level ``await``, ``__future__``,
+``!cmd``, huge bodies, ``Cell In[N]`` tracebacks); every bad magic line is one ``UsageError``
+line that drops nothing and runs nothing (checked on seeded fuzzed lines).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+import weakref
+
+import pytest
+from conftest import run
+from IPython.core.interactiveshell import InteractiveShell
+
+from kerasmagic.cellparse import rebound_names
+from kerasmagic.magicargs import parse_line
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def fresh(shell: InteractiveShell, cell: str, line: str = "-q") -> object:
+    return run(shell, f"%%fresh_model {line}\n{cell}")
+
+
+def output(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    return ANSI.sub("", captured.out + captured.err)
+
+
+def old_model_alive_when_cell_starts(kip: InteractiveShell, cell: str) -> bool:
+    """Bind ``model``, run ``cell`` under the magic; return whether the old model was alive."""
+    run(kip, "model = build()")
+    kip.user_ns["old_ref"] = weakref.ref(kip.user_ns["model"])
+    fresh(kip, f"alive = old_ref() is not None\n{cell}")
+    return bool(kip.user_ns["alive"])
+
+
+# --- A: loop cells --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "for fold in range(2):\n    model = build()\n    model.fit(x, y, verbose=0)",
+        "i = 0\nwhile i < 2:\n    model = build()\n    i += 1",
+        "for a in range(1):\n    for b in range(1):\n        model = build()",
+        "try:\n    model = build()\nexcept ValueError:\n    pass",
+    ],
+)
+def test_loop_and_try_bodies_rebind(kip: InteractiveShell, cell: str) -> None:
+    assert not old_model_alive_when_cell_starts(kip, cell)
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "retrain = False\nif retrain:\n    model = build()",
+        "if len(x) > 0:\n    for i in range(1):\n        model = build()",
+        "for model in []:\n    pass",  # an empty loop leaves the old value in place
+        "for i in range(2):\n    prev = model\n    model = build()",
+        "for i in range(2):\n    if i == 9:\n        break\n    model = build()",
+        "def get():\n    return model\nfor i in range(1):\n    model = build()",
+        "try:\n    pass\nexcept ValueError:\n    model = build()",
+    ],
+)
+def test_conditional_or_read_first_keeps_the_old_model(kip: InteractiveShell, cell: str) -> None:
+    assert old_model_alive_when_cell_starts(kip, cell)
+
+
+def test_if_cell_never_loses_a_trained_model(kip: InteractiveShell) -> None:
+    run(kip, "model = build()\nmodel.fit(x, y, verbose=0);\nretrain = False")
+    trained = kip.user_ns["model"]
+    fresh(kip, "if retrain:\n    model = build()\nmodel.fit(x, y, verbose=0);")
+    assert kip.user_ns["model"] is trained
+
+
+@pytest.mark.parametrize(
+    ("source", "names"),
+    [
+        ("async for i in agen():\n    model = f()", {"model"}),
+        ("with s:\n    for i in r:\n        model = f()", {"model"}),
+        ("for i in r:\n    with s:\n        if c:\n            continue\n        m = f()", set()),
+        ("for i in r:\n    pass\nelse:\n    model = f()", set()),
+        ("while True:\n    model = f()\n    break", {"model"}),
+        ("match c:\n    case 1:\n        model = f()", set()),
+        ("try:\n    a = f()\nfinally:\n    b = g()", {"a", "b"}),
+        ("try:\n    pass\nexcept E:\n    pass\nelse:\n    model = f()", set()),
+        ("g = lambda: model\nmodel = f()", {"g"}),
+        ("best = [m for m in model]\nmodel = f()", {"best"}),
+        ("for model.x in r:\n    model = f()", set()),
+        ("for i in model:\n    model = f()", set()),
+    ],
+)
+def test_rebinding_rule(source: str, names: set[str]) -> None:
+    assert rebound_names(source) == names
+
+
+# --- B: cells run as plain cells do ---------------------------------------------------------
+
+
+def test_top_level_await(ip: InteractiveShell) -> None:
+    run(ip, "import asyncio")
+    fresh(ip, "await asyncio.sleep(0)\nawaited = True")
+    assert ip.user_ns["awaited"] is True
+    assert fresh(ip, "await asyncio.sleep(0, result=42)") == 42
+    assert ip.user_ns["Out"][ip.execution_count - 1] == 42
+
+
+def test_semicolon_silences_the_last_value_as_in_a_plain_cell(ip: InteractiveShell) -> None:
+    assert fresh(ip, "41 + 1;  # comment") is None
+    assert ip.execution_count - 1 not in ip.user_ns["Out"]
+    run(ip, "import asyncio")
+    assert fresh(ip, "await asyncio.sleep(0, result=1);") is None
+    assert fresh(ip, "'a;b'") == "a;b"
+
+
+def test_async_for_loop_rebinds(kip: InteractiveShell) -> None:
+    run(kip, "async def folds():\n    for i in range(2):\n        yield i")
+    assert not old_model_alive_when_cell_starts(kip, "async for f in folds():\n    model = build()")
+
+
+def test_future_import_in_the_cell_holds_for_later_cells(ip: InteractiveShell) -> None:
+    flags = ip.compile.flags
+    try:
+        fresh(ip, "from __future__ import annotations\ndef f(v: int): pass\na1 = f.__annotations__")
+        run(ip, "def g(v: int): pass\na2 = g.__annotations__")
+    finally:
+        ip.compile.flags = flags
+    assert ip.user_ns["a1"] == {"v": "int"} and ip.user_ns["a2"] == {"v": "int"}
+
+
+def test_magics_and_shell_commands_in_the_cell(ip: InteractiveShell) -> None:
+    fresh(ip, "out = !echo hi\n%time t = 1\nn = len(out)")
+    assert list(ip.user_ns["out"]) == ["hi"] and ip.user_ns["n"] == 1 and ip.user_ns["t"] == 1
+
+
+def test_two_megabyte_cell_is_parsed_in_linear_time(ip: InteractiveShell) -> None:
+    body = "".join(f"a{i} = 1  # {'padding ' * 5}\n" for i in range(40_000))
+    assert len(body) > 2_000_000
+    start = time.perf_counter()
+    fresh(ip, body)
+    elapsed_s = time.perf_counter() - start
+    assert ip.user_ns["a39999"] == 1
+    assert elapsed_s < 30  # a quadratic scan took 45 s; linear is ~3 s here
+
+
+def test_traceback_names_the_cell_and_hides_kerasmagic(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(ip, "1")
+    number = ip.execution_count
+    ip.run_cell("%%fresh_model -q\nz = 1\nraise ValueError('boom')", store_history=True)
+    text = output(capsys)
+    assert f"Cell In[{number}], line 3" in text and "ValueError: boom" in text
+    assert "Cell In[0]" not in text and "kerasmagic" not in text and "run_padded" not in text
+
+
+# --- C: bad magic lines ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('--keep "base', "No closing quotation"),
+        ("--keep bsae", "did you mean 'base'?"),
+        ("--keep base,1x", "'1x' is not a Python name"),
+        ("--all --keep $name", "'$name' is not a Python name"),  # no $var expansion
+    ],
+)
+def test_bad_fresh_model_lines(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str], line: str, message: str
+) -> None:
+    run(kip, "base = build()\nmodel = build()\nname = 'base'")
+    models = kip.user_ns["base"], kip.user_ns["model"]
+    capsys.readouterr()
+    kip.run_cell(f"%%fresh_model {line}\nmodel = build()\nz = 1", store_history=True)
+    text = output(capsys)
+    assert text.strip().count("\n") == 0 and text.startswith("UsageError:") and message in text
+    assert (kip.user_ns["base"], kip.user_ns["model"]) == models and "z" not in kip.user_ns
+
+
+def test_keep_splits_commas_and_accepts_names_the_cell_defines(kip: InteractiveShell) -> None:
+    run(kip, "base = build()\nenc = build()\nother = build()")
+    fresh(kip, "z = 1", line="--all --keep base,enc")
+    assert {"base", "enc"} <= set(kip.user_ns) and "other" not in kip.user_ns
+    fresh(kip, "newname = 1", line="--keep newname")
+    assert kip.user_ns["newname"] == 1
+
+
+def test_empty_gpus_spec_reaches_the_isolate_helper(ip: InteractiveShell) -> None:
+    args = parse_line(ip.find_cell_magic("fresh_model"), '--isolate --gpus ""')
+    assert args.gpus == ""
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "1e99", "0", "99999999999"])
+def test_gpu_mem_limit_must_be_megabytes(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    ip.run_cell(f"%gpu_mem --limit {value}")
+    text = output(capsys)
+    assert text.startswith("UsageError: argument --limit: expected a whole number of megabytes")
+    assert text.strip().count("\n") == 0
+
+
+# --- D: fuzzed magic lines ------------------------------------------------------------------
+
+FLAGS = ["--keep", "--dry-run", "-q", "--inputs", "--outputs", "--timeout", "--gpus", "--on"]
+GPU_FLAGS = ["--limit", "--growth", "--reset-peak", "--json", "--deep=1", "--live=x"]
+JUNK = [
+    *("--", "-", "---", "-k", "--keep=", "--all=1", "--limit=", "=", ",", "a,,b", "base,"),
+    *("bsae", "arr", "123", "1e99", "nan", "-5", "inf", "0x10", "None", "class"),
+    *('"', "'", '"open', "'x", '""', "''", "\\", '"a b"', '"""', "`ls`"),
+    *("ünïcödé", "名前", "🙂", "\u200b", "$arr", "{arr}", "${x}", "$(ls)", "%", "!", "?", "#"),
+]
+GOOD = {
+    "fresh_model": ["-q", "--dry-run", "--keep base", "--keep arr,base", "--quiet", ""],
+    "gpu_mem": ["--json", "--reset-peak", ""],
+}
+BAD = ['"', "--bogus", "--keep bsae", "--keep 9", "'open", "--limit abc"]
+
+
+def fuzz_lines(rng: random.Random, flags: list[str], good: list[str], count: int) -> list[str]:
+    """Random flag/junk lines; a quarter carry ``--all`` with a bad token (must drop nothing)."""
+    lines = []
+    for i in range(count):
+        words = [rng.choice(flags + JUNK) for _ in range(rng.randint(1, 6))]
+        if i % 4 == 1:
+            words = rng.sample(good, 2)
+        elif i % 4 == 0:
+            words = ["--all", *words, rng.choice(BAD)]
+        if i % 25 == 0:
+            words.append(rng.choice(JUNK) * rng.randint(2_000, 10_000))
+        lines.append(" ".join(words))
+    return lines
+
+
+def check_one(shell: InteractiveShell, capsys: pytest.CaptureFixture[str], cell: str) -> bool:
+    """Run one fuzzed cell; return whether it was refused; fail on any other kind of error."""
+    shell.user_ns.pop("z", None)
+    result = shell.run_cell(cell, store_history=True)
+    text = output(capsys)
+    refused = "UsageError:" in text
+    assert "Traceback" not in text and "Error in" not in text, cell[:200]
+    assert result.error_before_exec is None, cell[:200]
+    assert result.error_in_exec is None or refused, (cell[:200], result.error_in_exec)
+    if refused:
+        error_lines = [x for x in text.splitlines() if "Error" in x]
+        assert len(error_lines) == 1 and error_lines[0].startswith("UsageError:"), cell[:200]
+        assert len(error_lines[0]) < 400 and "z" not in shell.user_ns, cell[:200]
+    elif cell.startswith("%%") and "--dry-run" not in cell.partition("\n")[0]:
+        assert shell.user_ns["z"] == 1, cell[:200]
+    return refused
+
+
+def test_fuzzed_magic_lines(kip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    run(kip, "base = build()\narr = x.copy()")
+    base, arr, arr_bytes = kip.user_ns["base"], kip.user_ns["arr"], kip.user_ns["arr"].tobytes()
+    rng = random.Random(8_9)
+    cells = [
+        f"%%fresh_model {line}\nz = 1" for line in fuzz_lines(rng, FLAGS, GOOD["fresh_model"], 160)
+    ]
+    cells += [f"%gpu_mem {line}" for line in fuzz_lines(rng, GPU_FLAGS, GOOD["gpu_mem"], 160)]
+    capsys.readouterr()
+    start = time.perf_counter()
+    refused = sum(check_one(kip, capsys, cell) for cell in cells)
+    elapsed_s = time.perf_counter() - start
+    assert kip.user_ns["base"] is base and kip.user_ns["arr"] is arr
+    assert arr.tobytes() == arr_bytes
+    with capsys.disabled():
+        print(
+            f"\nfuzz: {len(cells)} magic lines, {refused} refused with one UsageError line, "
+            f"{len(cells) - refused} accepted, 0 tracebacks, 0 values lost, {elapsed_s:.1f} s"
+        )
