@@ -70,7 +70,7 @@ class LiveMonitor(Configurable):
         self._shell = shell
         self._history: deque[CellRecord] = deque(maxlen=max(1, self.history_size))
         self._subscribers: list[Subscriber] = []
-        self._closers: dict[str, Callable[[], None]] = {}
+        self._views: dict[str, Any] = {}  # the widget or line printer this monitor feeds
         self._lock = threading.Lock()
         self._latest: MemorySnapshot | None = None
         self._start: tuple[MemorySnapshot, str, str] | None = None
@@ -210,21 +210,28 @@ class LiveMonitor(Configurable):
         self.sampler.start()
 
     def stop(self) -> None:
-        """Stop the sampler thread, drop every subscriber and close the views it fed."""
+        """Stop the sampler thread, drop every subscriber and close the attached views."""
         self.sampler.stop()
         with self._lock:
             self._subscribers.clear()
-            closers, self._closers = list(self._closers.values()), {}
-        for close in closers:
+            views, self._views = list(self._views.values()), {}
+        for view in views:
             try:
-                close()
+                view.close()
             except Exception:
                 log.debug("kerasmagic: closing a view failed", exc_info=True)
 
-    def on_stop(self, key: str, close: Callable[[], None]) -> None:
-        """Call ``close()`` when the monitor stops (``%unload_ext``); a new ``key`` replaces."""
+    def attach(self, key: str, view: Any) -> Any:
+        """Keep ``view`` (anything with ``close()``) as this monitor's ``key`` view; closed on
+        ``stop()``. Return the view it replaces, if any (the caller closes it)."""
         with self._lock:
-            self._closers[key] = close
+            old = self._views.get(key)
+            self._views[key] = view
+        return old
+
+    def view(self, key: str) -> Any | None:
+        """Return the attached view called ``key``, or None."""
+        return self._views.get(key)
 
 
 _monitors: dict[int, LiveMonitor] = {}

@@ -81,7 +81,7 @@ class LinePrinter:
 
     def __init__(self, monitor: LiveMonitor) -> None:
         self._monitor = weakref.ref(monitor)  # the monitor's subscriber list holds us
-        self.unsubscribe = monitor.subscribe(self._on_event)
+        self.close = monitor.subscribe(self._on_event)
 
     def _on_event(self, kind: str, payload: Any) -> None:
         monitor = self._monitor()
@@ -89,27 +89,23 @@ class LinePrinter:
             print(cell_line(payload, monitor.verdict()))
 
 
-_printers: weakref.WeakKeyDictionary[LiveMonitor, LinePrinter] = weakref.WeakKeyDictionary()
-_widgets: weakref.WeakKeyDictionary[LiveMonitor, Any] = weakref.WeakKeyDictionary()
-
-
 def start_live(shell: Any, monitor: LiveMonitor) -> Any:
     """Display the widget in a kernel, else print one line per cell from now on."""
     if getattr(shell, "kernel", None) is not None:
         from kerasmagic.widget import LiveWidget
 
-        old = _widgets.pop(monitor, None)
+        widget = LiveWidget(monitor)
+        old = monitor.attach("widget", widget)
         if old is not None:  # one live widget per kernel: the newest display replaces it
             old.close()
-        widget = _widgets[monitor] = LiveWidget(monitor)
-        monitor.on_stop("widget", widget.close)
         display(widget)
         return widget
-    if monitor not in _printers:
-        printer = _printers[monitor] = LinePrinter(monitor)
-        monitor.on_stop("printer", printer.unsubscribe)
+    printer = monitor.view("printer")
+    if printer is None:
+        printer = LinePrinter(monitor)
+        monitor.attach("printer", printer)
         print("kerasmagic: printing memory after every cell (no widget frontend here)")
-    return _printers[monitor]
+    return printer
 
 
 def show(shell: Any, *, live: bool, history: bool, plot: bool) -> None:

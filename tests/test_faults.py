@@ -1,0 +1,177 @@
+"""Fault suite in a real kernel: Ctrl-C at random moments, hostile objects, load/unload cycles.
+
+Each test counts what it tried and asserts the counts the trust issue sets: 0 swallowed
+interrupts, 0 kerasmagic tracebacks, 0 user values lost, nothing of kerasmagic left behind.
+Bounded in time (a fixed seed, a fixed number of tries).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from jupyter_client.manager import KernelManager
+
+pytestmark = pytest.mark.slow
+
+SETUP = """
+import os
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import numpy as np, keras
+x = np.random.default_rng(0).random((2048, 32), dtype=np.float32)
+y = np.random.default_rng(1).integers(0, 2, 2048)
+def build():
+    m = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
+                          keras.layers.Dense(2)])
+    m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return m
+base = build()
+data = {"x": x, "runs": []}
+"""
+FIT = "%%fresh_model -q\nmodel = build()\nfor _ in range(40):\n    model.fit(x, y, verbose=0)"
+KERASMAGIC_ERRORS = ("Error in callback", "Exception ignored", "kerasmagic:", "Traceback")
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KernelManager, Any]]:
+    """A real ipykernel with kerasmagic loaded and a small Keras set-up."""
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path_factory.mktemp("faults")))
+    client = km.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
+    run(client, "%load_ext kerasmagic")
+    run(client, SETUP, timeout_s=180)
+    yield km, client
+    client.stop_channels()
+    km.shutdown_kernel(now=True)
+
+
+def run(
+    client: Any, code: str, timeout_s: float = 120, on_busy: Any = None
+) -> tuple[dict[str, Any], str]:
+    """Run ``code``; return the execute reply's content and everything the cell printed."""
+    msg_id = client.execute(code)
+    text, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        msg = client.get_iopub_msg(timeout=timeout_s)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "execute_input" and on_busy is not None:
+            on_busy()
+        elif kind == "stream":
+            text.append(content["text"])
+        elif kind == "error":
+            text.append("\n".join(content["traceback"]))
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    reply = client.get_shell_msg(timeout=timeout_s)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = client.get_shell_msg(timeout=timeout_s)
+    return reply["content"], "".join(text)
+
+
+def value(client: Any, expr: str) -> Any:
+    """Return ``expr`` evaluated in the kernel, through JSON."""
+    content, text = run(client, f"import json as _j; print(_j.dumps({expr}))")
+    assert content["status"] == "ok", text
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def test_load_unload_cycles_leave_nothing_alive(kernel: tuple[KernelManager, Any]) -> None:
+    _, client = kernel
+    hello = {"protocol": 1, "type": "hello"}
+    for _ in range(15):  # first in this kernel: later tests leave tracebacks holding frames
+        run(client, "%reload_ext kerasmagic\n%gpu_mem --live")
+        content = {"comm_id": uuid.uuid4().hex, "target_name": "kerasmagic", "data": hello}
+        client.shell_channel.send(client.session.msg("comm_open", content))
+        run(client, "%unload_ext kerasmagic\n%load_ext kerasmagic")
+    run(client, "%unload_ext kerasmagic")
+    alive = value(
+        client,
+        "(lambda gc, threading, comm: [gc.collect()] and [sum(type(o).__name__ in "
+        "('KerasMagics', 'LiveMonitor', 'LiveWidget', 'Sidebar') for o in gc.get_objects()), "
+        "sum(t.name == 'kerasmagic-sampler' for t in threading.enumerate()), "
+        "len([c for c in comm.get_comm_manager().comms.values() "
+        "if getattr(c, 'target_name', '') == 'kerasmagic'])])"
+        "(__import__('gc'), __import__('threading'), __import__('comm'))",
+    )
+    run(client, "%load_ext kerasmagic")
+    print(f"\nload/unload cycles 15, left alive {alive}")
+    assert alive == [0, 0, 0]
+
+
+def test_ctrl_c_at_random_moments_always_stops_the_cell(
+    kernel: tuple[KernelManager, Any],
+) -> None:
+    km, client = kernel
+    rng = random.Random(7)
+    sent = swallowed = noisy = 0
+    for _ in range(10):
+        delay = rng.uniform(0.0, 0.8)
+
+        def interrupt(delay: float = delay) -> None:
+            time.sleep(delay)
+            km.interrupt_kernel()
+
+        content, text = run(client, FIT, on_busy=interrupt)
+        sent += 1
+        swallowed += content["status"] == "ok"
+        if content["status"] == "error":
+            assert content["ename"] == "KeyboardInterrupt", text
+        noisy += any(marker in text for marker in KERASMAGIC_ERRORS[:3])
+    print(f"\ninterrupts sent {sent}, swallowed {swallowed}, kerasmagic errors shown {noisy}")
+    assert swallowed == 0 and noisy == 0
+    assert value(client, "[type(base).__name__, len(data['runs']), x.shape[0]]") == [
+        "Sequential",
+        0,
+        2048,
+    ]
+    sampler = value(client, "get_ipython().run_line_magic('gpu_mem', '--json') or 1")
+    assert sampler == 1
+    content, _ = run(client, "%%fresh_model -q\nmodel = build()\nmodel.fit(x, y, verbose=0)")
+    assert content["status"] == "ok"  # the next cell runs normally
+
+
+HOSTILE = """
+import weakref
+class _T: pass
+_t = _T(); dead = weakref.proxy(_t); del _t
+class Lazy:
+    @property
+    def __class__(self): raise RuntimeError("outside app context")
+    def __getattr__(self, name): raise RuntimeError("outside app context")
+class Anything:
+    def __getattr__(self, name): return self
+    def __call__(self, *a, **k): return self
+lazy, anything = Lazy(), Anything()
+odd = {"p": dead, "l": [lazy, anything]}
+"""
+
+
+def test_hostile_objects_never_break_a_cell(kernel: tuple[KernelManager, Any]) -> None:
+    _, client = kernel
+    content, text = run(client, HOSTILE)
+    assert content["status"] == "ok", text
+    tries = errors = 0
+    for cell in (
+        "z = 1",
+        "%gpu_mem",
+        "%gpu_mem --deep",
+        "%gpu_mem --json",
+        "%%fresh_model\nmodel = build()",
+        "import kerasmagic; print(kerasmagic.reset().summary()[:7])",
+        "del odd",
+        "z = 2",
+    ):
+        tries += 1
+        content, text = run(client, cell)
+        errors += content["status"] != "ok" or "Traceback" in text or "failed" in text
+    print(f"\nhostile cells tried {tries}, failed {errors}")
+    assert errors == 0
