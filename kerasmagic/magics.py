@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -13,12 +14,20 @@ from traitlets import Bool
 
 from kerasmagic import cellrun
 from kerasmagic.cellcode import compile_cell
-from kerasmagic.cleanup import reset
+from kerasmagic.cleanup import last_report, reset
 from kerasmagic.holders import live_models
 from kerasmagic.magicargs import keep_names, megabytes, parse_line
 from kerasmagic.probes import read_ram
 from kerasmagic.probes.tf_alloc import reset_peaks
-from kerasmagic.render import Table, fmt_bytes, model_rows, snapshot_rows
+from kerasmagic.probes.variables import largest_variables
+from kerasmagic.render import (
+    Table,
+    fmt_bytes,
+    freed_row,
+    model_rows,
+    snapshot_rows,
+    variable_rows,
+)
 from kerasmagic.snapshot import take_snapshot
 from kerasmagic.tfconfig import configure_gpus
 
@@ -91,15 +100,19 @@ class KerasMagics(Magics):
             )
         snap = take_snapshot(self.ip.user_ns)
         models = live_models(self.ip.user_ns) if args.deep else None
+        data_vars = largest_variables(self.ip.user_ns) if args.deep else None
         if args.json:
             data: dict[str, Any] = snap.to_dict()
-            if models is not None:
-                data["models"] = [vars(m) | {"holders": list(m.holders)} for m in models]
+            if models is not None and data_vars is not None:
+                data["models"] = [dataclasses.asdict(m) for m in models]
+                data["variables"] = [dataclasses.asdict(v) for v in data_vars]
             print(json.dumps(data, indent=1))
             return
         display(Table(f"kerasmagic: memory of kernel pid {snap.pid}", snapshot_rows(snap)))
-        if models is not None:
-            display(Table("live Keras models", model_rows(models)))
+        if models is not None and data_vars is not None:
+            rows = model_rows(models) + freed_row(last_report())
+            display(Table("live Keras models (what holds them, what frees them)", rows))
+            display(Table("largest data in the namespace", variable_rows(data_vars)))
 
     @magic_arguments()
     @argument(
