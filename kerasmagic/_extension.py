@@ -12,7 +12,7 @@ from typing import Any
 
 from kerasmagic import tfstack
 
-PARTS: tuple[str, ...] = ("kerasmagic.live", "kerasmagic.comm")  # each: load(), unload()
+PARTS: tuple[str, ...] = ("kerasmagic.live", "kerasmagic.comm", "kerasmagic.cellawait")
 _loaded: dict[int, Any] = {}  # id(shell) -> KerasMagics instance
 
 

@@ -11,11 +11,14 @@ import random
 import re
 import time
 import weakref
+from typing import Any
 
 import pytest
 from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
+from jupyter_client.manager import start_new_kernel
 
+from kerasmagic.cellawait import AwaitTransformer
 from kerasmagic.cellparse import rebound_names
 from kerasmagic.magicargs import parse_line
 
@@ -108,6 +111,49 @@ def test_top_level_await(ip: InteractiveShell) -> None:
     assert ip.user_ns["awaited"] is True
     assert fresh(ip, "await asyncio.sleep(0, result=42)") == 42
     assert ip.user_ns["Out"][ip.execution_count - 1] == 42
+
+
+def test_await_without_the_transformer_runs_on_the_shells_loop(ip: InteractiveShell) -> None:
+    run(ip, "import asyncio")
+    assert ip.run_cell_magic("fresh_model", "-q", "await asyncio.sleep(0, result=3)") == 3
+
+
+def test_await_transformer_follows_load_and_unload(ip: InteractiveShell) -> None:
+    assert ip.transform_cell("%%fresh_model -q\nawait f()").startswith("await get_ipython()")
+    assert ip.transform_cell("%%fresh_model -q\nf()").startswith("get_ipython()")
+    ip.run_line_magic("unload_ext", "kerasmagic")
+    try:
+        assert not any(isinstance(t, AwaitTransformer) for t in ip.input_transformers_cleanup)
+    finally:
+        ip.run_line_magic("load_ext", "kerasmagic")
+
+
+def test_top_level_await_in_a_real_kernel() -> None:
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        kernel_run(client, "%load_ext kerasmagic\nimport asyncio")
+        shown = kernel_run(client, "%%fresh_model -q\nv = await asyncio.sleep(0, result=5)\nv * 2")
+        assert shown == ["10"] and kernel_run(client, "v") == ["5"]
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def kernel_run(client: Any, code: str) -> list[str]:
+    """Run ``code`` in the kernel; return its shown results (errors as ``!Name: value``)."""
+    msg_id = client.execute(code)
+    shown = []
+    while True:
+        msg = client.get_iopub_msg(timeout=120)
+        kind, content = msg["msg_type"], msg["content"]
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if kind == "execute_result":
+            shown.append(content["data"]["text/plain"])
+        elif kind == "error":
+            shown.append(f"!{content['ename']}: {content['evalue']}")
+        elif kind == "status" and content["execution_state"] == "idle":
+            return shown
 
 
 def test_semicolon_silences_the_last_value_as_in_a_plain_cell(ip: InteractiveShell) -> None:

@@ -1,0 +1,51 @@
+"""Let a ``%%fresh_model`` cell ``await`` at top level in ipykernel as a plain cell does.
+
+IPython rewrites a cell magic to ``get_ipython().run_cell_magic(...)``, a synchronous call. In
+ipykernel that call runs inside the kernel's running event loop, so the magic cannot run an
+awaiting cell to the end itself. This input transformer writes ``await`` in front of the call
+when the cell body awaits; IPython then runs the whole cell on its loop (the kernel's loop in
+ipykernel) and awaits the coroutine the magic returns. Other cells pass through untouched.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+MAGIC_LINE = re.compile(r"%%fresh_model(\s|$)")
+
+
+class AwaitTransformer:
+    """An IPython cleanup transformer (``shell.input_transformers_cleanup``) for one shell."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        if not lines or not MAGIC_LINE.match(lines[0]):
+            return lines
+        body = "".join(lines[1:])
+        if "await" not in body and "async" not in body:  # cheap test first: cells can be MBs
+            return lines
+        try:
+            transformed = self.shell.transform_cell(body)
+        except (SyntaxError, ValueError):  # left as it is: the magic reports the error itself
+            return lines
+        if not self.shell.should_run_async(body, transformed_cell=transformed):
+            return lines
+        _, _, first_line = lines[0][2:].rstrip().partition(" ")  # as IPython's cell_magic
+        return [f"await get_ipython().run_cell_magic('fresh_model', {first_line!r}, {body!r})\n"]
+
+
+def load(shell: Any, magics: Any) -> None:
+    """Install the transformer on ``shell`` (once)."""
+    del magics
+    transforms = shell.input_transformers_cleanup
+    if not any(isinstance(t, AwaitTransformer) for t in transforms):
+        transforms.append(AwaitTransformer(shell))
+
+
+def unload(shell: Any) -> None:
+    """Remove the transformer from ``shell``."""
+    transforms = shell.input_transformers_cleanup
+    transforms[:] = [t for t in transforms if not isinstance(t, AwaitTransformer)]
