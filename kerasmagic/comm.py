@@ -20,6 +20,7 @@ from kerasmagic.cleanup import CleanupReport, reset
 from kerasmagic.commproto import MAX_ID_CHARS, PROTOCOL, REQUESTS, check, clip, message, request_id
 from kerasmagic.commsend import send
 from kerasmagic.live import LiveMonitor, get_monitor
+from kerasmagic.record import CellRecord
 from kerasmagic.snapshot import MemorySnapshot, take_snapshot
 
 log = logging.getLogger(__name__)
@@ -188,6 +189,8 @@ class Sidebar:
 
     # -- pushes (sampler thread for samples, main thread for cells and refreshes) -------------
     def _on_monitor(self, kind: str, payload: Any) -> None:
+        if kind == "cell":
+            self._freed_since = False
         if not self._comms:  # no sidebar open: serialise nothing (this runs after every cell)
             return
         if kind == "sample":
@@ -198,8 +201,23 @@ class Sidebar:
             snap = payload.to_dict()
             self.broadcast(message("sample", snapshot=snap, verdict=self._verdict()))
         elif kind == "cell":
-            self._freed_since = False
-            self.broadcast(message("cell", cell=payload.to_dict(), verdict=self._verdict()))
+            cell = payload.to_dict()
+            warning = self._warning(payload)
+            self.broadcast(message("cell", cell=cell, verdict=self._verdict(), warning=warning))
+
+    def _warning(self, record: CellRecord) -> str | None:
+        """Return the leak detector's message when it flags this very cell, else None.
+
+        The verdict names the newest growing cell among the recent ones, which may be another
+        cell than the one just run; only the cell's own runs decide its badge's mark.
+        """
+        monitor = self._monitor
+        if monitor is None or not record.source_hash or not monitor.verdict().growing:
+            return None
+        detector = monitor.detector
+        runs = [r for r in monitor.history() if r.source_hash == record.source_hash]
+        mine = detector.judge_runs(runs[-detector.min_runs :])
+        return mine.message if mine.growing and runs[-1] is record else None
 
 
 _sidebars: dict[int, Sidebar] = {}

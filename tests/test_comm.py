@@ -315,3 +315,21 @@ def test_after_a_free_the_pushed_figures_are_fresh_and_the_verdict_says_freed(
     assert later["verdict"]["freed_since"] is True
     run(kip, "y2 = 1")
     assert sidebar.sent("cell")[-1]["verdict"]["freed_since"] is False
+
+
+def test_a_cell_message_carries_the_warning_only_for_the_cell_it_flags(
+    shell: InteractiveShell, sidebar: RecordingComm
+) -> None:
+    run(shell, "keep = []")
+    grow = "keep.append(b'\\x01' * (12 * 2**20))"  # the same cell keeps 12 MB more each run
+    for _ in range(3):
+        run(shell, grow)
+    flagged = sidebar.sent("cell")[-1]
+    assert flagged["verdict"]["growing"] is True, flagged["verdict"]
+    assert flagged["warning"] == flagged["verdict"]["message"]
+    assert f"Cell [{flagged['cell']['execution_count']}]" in flagged["warning"]
+    run(shell, "y = 1")  # another cell: the verdict still names the growing one, not this one
+    other = sidebar.sent("cell")[-1]
+    assert other["verdict"]["growing"] is True
+    assert other["warning"] is None
+    assert all(c["warning"] is None for c in sidebar.sent("cell")[:2])
