@@ -140,12 +140,11 @@ def _drop(fn: Any, cache: Any, stale_ids: set[int]) -> int:
         for key, concrete in cache._primary.items()
         if _is_stale(concrete, stale_ids)
     ]
-    for (context, function_type), _ in gone:
-        cache.delete(function_type, context)
+    dropped = sum(bool(cache.delete(ftype, context)) for (context, ftype), _ in gone)
     first = getattr(fn, "_concrete_variable_creation_fn", None)
-    if fn._created_variables is not None and any(first is c for _, c in gone):
+    if getattr(fn, "_created_variables", None) is not None and any(first is c for _, c in gone):
         fn._concrete_variable_creation_fn = None  # read only during the first call
-    return len(gone)
+    return dropped
 
 
 def _clear(path: str, fn: Any, cache_type: type, stale_ids: set[int]) -> str | None:
@@ -157,8 +156,8 @@ def _clear(path: str, fn: Any, cache_type: type, stale_ids: set[int]) -> str | N
         if not held:
             return None
         return (
-            f"{label} keeps {held} traces of dropped models (TensorFlow's trace cache not as "
-            f"expected; not cleared): re-run the cell that defines it to free them"
+            f"{label} keeps {_traces_text(held)} of dropped models (TensorFlow's trace cache "
+            "not as expected; not cleared): re-run the cell that defines it to free them"
         )
     lock = getattr(fn, "_lock", None)
     if lock is None or not lock.acquire(timeout=_LOCK_TIMEOUT_S):
@@ -167,7 +166,11 @@ def _clear(path: str, fn: Any, cache_type: type, stale_ids: set[int]) -> str | N
         dropped = _drop(fn, cache, stale_ids)
     finally:
         lock.release()
-    return f"cleared {dropped} traces of {label}" if dropped else None
+    return f"cleared {_traces_text(dropped)} of {label}" if dropped else None
+
+
+def _traces_text(count: int) -> str:
+    return f"{count} trace" + ("" if count == 1 else "s")
 
 
 def _traces(fn: Any) -> list[Any]:

@@ -69,7 +69,7 @@ def test_report_names_the_cleared_function(
     run(kip, STEP)
     run(kip, LOOP)
     run(kip, LOOP.replace(" -q", ""))
-    assert "cleared 1 traces of tf.function train_step" in capsys.readouterr().out
+    assert "cleared 1 trace of tf.function train_step" in capsys.readouterr().out
 
 
 def test_trace_of_a_kept_model_stays(kip: InteractiveShell) -> None:
@@ -81,6 +81,24 @@ def test_trace_of_a_kept_model_stays(kip: InteractiveShell) -> None:
     assert step.experimental_get_tracing_count() == 2  # base's trace and the live model's
     run(kip, "base_loss = float(train_step(base, base_opt, x, y))")
     assert step.experimental_get_tracing_count() == 2  # base ran on its old trace: no retrace
+
+
+def test_trace_of_a_kept_model_sharing_layers_with_a_dropped_one_stays(
+    kip: InteractiveShell,
+) -> None:
+    run(kip, STEP)
+    shared = "keras.Sequential([keras.Input((20,)), encoder, keras.layers.Dense(2)])"
+    run(kip, f"encoder = keras.layers.Dense(8)\nbase = {shared}")
+    run(kip, "base_opt = keras.optimizers.Adam()")
+    run(kip, "base_opt.build(base.trainable_variables)\nloss = train_step(base, base_opt, x, y)")
+    cell = f"%%fresh_model -q\nmodel = {shared}\nopt = keras.optimizers.Adam()\n"
+    cell += "opt.build(model.trainable_variables)\nloss = float(train_step(model, opt, x, y))"
+    for _ in range(2):
+        run(kip, cell)
+    step = kip.user_ns["train_step"]
+    assert step.experimental_get_tracing_count() == 2
+    run(kip, "loss = float(train_step(base, base_opt, x, y))")
+    assert step.experimental_get_tracing_count() == 2  # base's trace survived: no retrace
 
 
 def test_traces_of_models_deleted_without_the_magic_are_freed(kip: InteractiveShell) -> None:
@@ -122,7 +140,7 @@ def test_unexpected_cache_layout_is_left_alone_and_reported(kip: InteractiveShel
     notes = clear_stale_traces(kip.user_ns, [kip.user_ns["model"]])
     assert len(step._function_cache) == 1
     assert notes == [
-        "tf.function train_step keeps 1 traces of dropped models (TensorFlow's trace cache not "
+        "tf.function train_step keeps 1 trace of dropped models (TensorFlow's trace cache not "
         "as expected; not cleared): re-run the cell that defines it to free them"
     ]
 
@@ -147,4 +165,4 @@ def test_hostile_objects_in_the_namespace(kip: InteractiveShell) -> None:
     kip.user_ns.update(odd=weakref.proxy(target), anything=_Anything(), bag=[_Anything()])
     del target
     notes = clear_stale_traces(kip.user_ns, [kip.user_ns["model"]])
-    assert notes == ["cleared 1 traces of tf.function train_step"]
+    assert notes == ["cleared 1 trace of tf.function train_step"]
