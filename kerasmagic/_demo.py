@@ -13,7 +13,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,8 +47,15 @@ def slope(values: list[float], skip: int) -> float:
     return statistics.median(pairs) if pairs else 0.0
 
 
-def run_loop(variant: str, models: int, samples: int, skip: int) -> LoopResult:
-    """Build, fit and predict ``models`` models in this process with one cleanup variant."""
+def run_loop(
+    variant: str,
+    models: int,
+    samples: int,
+    skip: int,
+    on_model: Callable[[int], None] | None = None,
+) -> LoopResult:
+    """Build, fit and predict ``models`` models in this process with one cleanup variant;
+    call ``on_model(n)`` after the n-th model."""
     import keras
     import numpy as np
     import psutil
@@ -84,6 +93,8 @@ def run_loop(variant: str, models: int, samples: int, skip: int) -> LoopResult:
         gc.collect()
         rss.append(proc.memory_info().rss / 2**20)
         objects.append(float(len(gc.get_objects())))
+        if on_model is not None:
+            on_model(len(rss))
     return LoopResult(
         variant,
         models,
@@ -95,14 +106,53 @@ def run_loop(variant: str, models: int, samples: int, skip: int) -> LoopResult:
     )
 
 
-def run_variant_process(variant: str, models: int, samples: int, skip: int) -> LoopResult:
-    """Run one variant in a fresh Python process and return its result."""
+def run_variant_process(
+    variant: str,
+    models: int,
+    samples: int,
+    skip: int,
+    on_progress: Callable[[int], None] | None = None,
+) -> LoopResult:
+    """Run one variant in a fresh Python process and return its result; ``on_progress(n)`` is
+    called in this process as the child finishes its n-th model."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
     cmd = [sys.executable, "-m", "kerasmagic._demo", variant, str(models), str(samples), str(skip)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"{variant} loop failed:\n{out.stderr[-3000:]}")
-    return LoopResult(**json.loads(out.stdout.strip().splitlines()[-1]))
+    # stderr goes to a file: TensorFlow may write more than a pipe holds while we read stdout.
+    with tempfile.TemporaryFile("w+") as err:
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env) as proc:
+            try:
+                result = _read_messages(proc, on_progress)
+            except BaseException:  # Ctrl-C or a failing callback: stop the child, then re-raise
+                proc.kill()
+                raise
+        err.seek(0)
+        if proc.returncode != 0 or result is None:
+            raise RuntimeError(f"{variant} loop failed:\n{err.read()[-3000:]}")
+    return LoopResult(**result)
+
+
+def _read_messages(
+    proc: subprocess.Popen[str], on_progress: Callable[[int], None] | None
+) -> dict[str, Any] | None:
+    """Pass the child's progress to ``on_progress`` until it closes stdout; return its result."""
+    result = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        message = _parse(line)
+        if "done" in message and on_progress is not None:
+            on_progress(int(message["done"]))
+        elif "variant" in message:
+            result = message
+    return result
+
+
+def _parse(line: str) -> dict[str, Any]:
+    """Return the child's JSON message on ``line`` (an empty dict for anything else)."""
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return {}
+    return message if isinstance(message, dict) else {}
 
 
 def table(results: list[LoopResult]) -> str:
@@ -120,15 +170,20 @@ def table(results: list[LoopResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Child entry point: run one variant and print its result as one JSON line."""
+    """Child entry point: run one variant, print ``{"done": n}`` after each model and the
+    result as the last JSON line."""
     parser = argparse.ArgumentParser()
     parser.add_argument("variant", choices=sorted(VARIANTS))
     parser.add_argument("models", type=int)
     parser.add_argument("samples", type=int)
     parser.add_argument("skip", type=int)
     args = parser.parse_args(argv)
-    result: dict[str, Any] = asdict(run_loop(args.variant, args.models, args.samples, args.skip))
-    print(json.dumps(result))
+
+    def report(done: int) -> None:
+        print(json.dumps({"done": done}), flush=True)
+
+    loop = run_loop(args.variant, args.models, args.samples, args.skip, on_model=report)
+    print(json.dumps(asdict(loop)), flush=True)
     return 0
 
 
