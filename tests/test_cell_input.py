@@ -307,9 +307,9 @@ def test_fuzzed_magic_lines(kip: InteractiveShell, capsys: pytest.CaptureFixture
     base, arr, arr_bytes = kip.user_ns["base"], kip.user_ns["arr"], kip.user_ns["arr"].tobytes()
     rng = random.Random(8_9)
     cells = [
-        f"%%fresh_model {line}\nz = 1" for line in fuzz_lines(rng, FLAGS, GOOD["fresh_model"], 160)
+        f"%%fresh_model {line}\nz = 1" for line in fuzz_lines(rng, FLAGS, GOOD["fresh_model"], 120)
     ]
-    cells += [f"%gpu_mem {line}" for line in fuzz_lines(rng, GPU_FLAGS, GOOD["gpu_mem"], 160)]
+    cells += [f"%gpu_mem {line}" for line in fuzz_lines(rng, GPU_FLAGS, GOOD["gpu_mem"], 120)]
     capsys.readouterr()
     start = time.perf_counter()
     refused = sum(check_one(kip, capsys, cell) for cell in cells)
