@@ -1,7 +1,10 @@
-"""Every example notebook runs top to bottom in a real kernel without an error."""
+"""Every example notebook runs top to bottom in a real kernel without an error, and shows none
+of TensorFlow's C++ log lines in its outputs."""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -10,6 +13,34 @@ from nbclient import NotebookClient
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.ipynb"))
 NEEDS = {"04_backends.ipynb": ("jax", "torch")}  # beyond TensorFlow and Keras
+# TensorFlow's C++ lines (absl format: severity, date, time, thread, file:line]) and absl's notice
+TF_LOG_LINE = re.compile(
+    r"^(?:[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^\s:]+:\d+\] "
+    r"|WARNING: All log messages before absl::InitializeLog\(\)"
+    r"|To enable the following instructions: )"
+)
+
+
+def user_kernel_env() -> dict[str, str]:
+    """Return the environment of a kernel that JupyterLab starts for a user: without the log
+    settings this test session sets for itself (tests/conftest.py), so a notebook must set them,
+    and without PYTEST_CURRENT_TEST, under which ipykernel does not forward what C++ code
+    writes to file descriptors 1 and 2 to the notebook (in JupyterLab it does)."""
+    test_only = ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS", "PYTEST_CURRENT_TEST")
+    return {name: value for name, value in os.environ.items() if name not in test_only}
+
+
+def tf_log_lines(notebook: nbformat.NotebookNode) -> list[str]:
+    """Return every TensorFlow C++ log line found in the notebook's outputs."""
+    found = []
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            texts = [output.get("text", ""), *output.get("data", {}).values()]
+            texts += output.get("traceback", [])
+            for text in texts:
+                text = "".join(text) if isinstance(text, list) else str(text)
+                found += [line for line in text.splitlines() if TF_LOG_LINE.match(line)]
+    return found
 
 
 @pytest.mark.slow
@@ -21,4 +52,23 @@ def test_example_runs(path: Path) -> None:
     client = NotebookClient(
         notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": path.parent}}
     )
-    client.execute()
+    client.execute(env=user_kernel_env())
+    assert tf_log_lines(notebook) == []
+
+
+def test_the_log_check_sees_tensorflows_lines() -> None:
+    printed = (  # TensorFlow 2.21 on import, verbatim but shortened
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+        "I0000 00:00:1796100018.076852   17285 port.cc:153] oneDNN custom operations are on.\n"
+        "I0000 00:00:1796100018.151934   17285 cpu_feature_guard.cc:227] This TensorFlow binary\n"
+        "To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild\n"
+        "E0000 00:00:1796100878.034843   23161 cuda_platform.cc:52] failed call to cuInit\n"
+    )
+    notebook = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("import keras")
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stderr", text=printed),
+        nbformat.v4.new_output("stream", name="stdout", text="I0000 is a fine name\nloss 0.5\n"),
+    ]
+    notebook.cells.append(cell)
+    assert len(tf_log_lines(notebook)) == 5
