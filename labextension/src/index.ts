@@ -1,15 +1,20 @@
 /**
  * kerasmagic's JupyterLab plugin: a right-sidebar memory panel and a status-bar
- * item for the active notebook's kernel, fed by the `kerasmagic` comm.
+ * item for the active notebook's kernel, and a memory badge and metadata record
+ * under every executed cell, all fed by each notebook's `kerasmagic` comm.
  */
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { IMainMenu } from '@jupyterlab/mainmenu';
-import { INotebookTracker } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
+import { BadgeSettings, CellBadges } from './badges';
+import { CellRecorder } from './cellrecord';
 import { MemoryModel } from './model';
+import { NotebookModels } from './notebooks';
 import { MemoryPanel, MemoryStatus } from './widget';
 
 const PANEL_ID = 'kerasmagic-memory';
@@ -25,24 +30,77 @@ const memoryIcon = new LabIcon({
 const CommandIDs = {
   show: 'kerasmagic:show-memory',
   free: 'kerasmagic:free-memory',
-  load: 'kerasmagic:load-extension'
+  load: 'kerasmagic:load-extension',
+  badges: 'kerasmagic:toggle-cell-badges'
 };
 
+const PLUGIN_ID = 'kerasmagic:plugin';
+
+/**
+ * Follow the `showCellBadges` setting (schema/plugin.json); badges stay on without a registry.
+ * Resolve with a function that saves a new value (or just applies it without a registry).
+ */
+async function followSettings(
+  registry: ISettingRegistry | null,
+  badges: BadgeSettings
+): Promise<(show: boolean) => Promise<void>> {
+  const apply = async (show: boolean): Promise<void> => {
+    badges.show = show;
+  };
+  if (!registry) {
+    return apply;
+  }
+  try {
+    const settings = await registry.load(PLUGIN_ID);
+    const read = (): void => {
+      badges.show = settings.get('showCellBadges').composite !== false;
+    };
+    settings.changed.connect(read);
+    read();
+    return show => settings.set('showCellBadges', show);
+  } catch (reason) {
+    console.warn('kerasmagic: settings not loaded, badges stay on', reason);
+    return apply;
+  }
+}
+
 const plugin: JupyterFrontEndPlugin<void> = {
-  id: 'kerasmagic:plugin',
+  id: PLUGIN_ID,
   description: 'Kernel memory gauge for Keras/TensorFlow notebooks (kerasmagic).',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [IStatusBar, ICommandPalette, IMainMenu],
+  optional: [IStatusBar, ICommandPalette, IMainMenu, ISettingRegistry],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
     statusBar: IStatusBar | null,
     palette: ICommandPalette | null,
-    mainMenu: IMainMenu | null
+    mainMenu: IMainMenu | null,
+    registry: ISettingRegistry | null
   ) => {
-    const model = new MemoryModel(tracker);
-    const panel = new MemoryPanel(model);
+    const models = new NotebookModels(tracker);
+    const badgeSettings = new BadgeSettings();
+    const saveShowBadges = followSettings(registry, badgeSettings);
+    app.commands.addCommand(CommandIDs.badges, {
+      label: 'Show Memory Badges Under Cells',
+      caption: 'Show kerasmagic’s per-cell memory record under each executed cell',
+      isToggled: () => badgeSettings.show,
+      execute: async () => (await saveShowBadges)(!badgeSettings.show)
+    });
+    badgeSettings.changed.connect(() => app.commands.notifyCommandChanged(CommandIDs.badges));
+    palette?.addItem({ command: CommandIDs.badges, category: 'Notebook Operations' });
+    mainMenu?.viewMenu.addGroup([{ command: CommandIDs.badges }], 60);
+    const attach = (panel: NotebookPanel, model: MemoryModel): void => {
+      const recorder = new CellRecorder(panel, model);
+      const badges = new CellBadges(panel, badgeSettings);
+      panel.disposed.connect(() => {
+        recorder.dispose();
+        badges.dispose();
+      });
+    };
+    models.forEach(attach);
+    models.added.connect((_, { panel, model }) => attach(panel, model));
+    const panel = new MemoryPanel(models);
     panel.id = PANEL_ID;
     panel.title.icon = memoryIcon;
     panel.title.caption = 'Kernel memory (kerasmagic)';
@@ -56,19 +114,22 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.commands.addCommand(CommandIDs.free, {
       label: 'Free Kernel Memory',
       caption: 'Run kerasmagic’s cleanup in the kernel (never drops a model kept under a name)',
-      isEnabled: () =>
-        model.status === 'live' && model.free.phase !== 'queued' && model.free.phase !== 'running',
-      execute: () => model.freeMemory()
+      isEnabled: () => {
+        const model = models.current;
+        return model?.status === 'live' && model.free.phase !== 'queued' && model.free.phase !== 'running';
+      },
+      execute: () => models.current?.freeMemory()
     });
     app.commands.addCommand(CommandIDs.load, {
       label: 'Load kerasmagic',
       caption: 'Run %load_ext kerasmagic silently in the active notebook’s kernel',
-      isEnabled: () => model.status === 'not-loaded',
-      execute: () => model.loadExtension()
+      isEnabled: () => models.current?.status === 'not-loaded',
+      execute: () => models.current?.loadExtension()
     });
     let enabledFor = '';
-    model.changed.connect(() => {
-      const now = `${model.status}/${model.free.phase}`;
+    models.changed.connect(() => {
+      const model = models.current;
+      const now = `${model?.status}/${model?.free.phase}`;
       if (now !== enabledFor) {
         enabledFor = now;
         app.commands.notifyCommandChanged(CommandIDs.free);
@@ -82,13 +143,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
     mainMenu?.kernelMenu.addGroup(commands.map(command => ({ command })), 90);
 
     if (statusBar) {
-      const item = new MemoryStatus(model, () => app.shell.activateById(PANEL_ID));
+      const item = new MemoryStatus(models, () => app.shell.activateById(PANEL_ID));
       statusBar.registerStatusItem('kerasmagic:status', {
         item,
         align: 'left',
         rank: 4,
-        isActive: () => model.status === 'live' || model.status === 'not-loaded',
-        activeStateChanged: model.changed
+        isActive: () => models.current?.status === 'live' || models.current?.status === 'not-loaded',
+        activeStateChanged: models.changed
       });
     }
   }

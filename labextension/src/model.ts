@@ -1,17 +1,19 @@
 /**
- * The sidebar's state for the active notebook's kernel: which kernel, whether
- * kerasmagic answers there, the latest snapshot, the cell history, the leak
- * verdict and the last "Free memory" result. No DOM here.
+ * One notebook's kernel as kerasmagic sees it: whether kerasmagic answers there,
+ * the latest snapshot, the cell history, the running cell's samples, the leak
+ * verdict and the last "Free memory" result. Every open notebook has one (so
+ * cell records arrive while the sidebar is closed); the sidebar shows the
+ * active notebook's. No DOM here.
  */
 import { ISessionContext } from '@jupyterlab/apputils';
 import { PageConfig } from '@jupyterlab/coreutils';
-import { INotebookTracker } from '@jupyterlab/notebook';
 import { Kernel, KernelMessage as KM } from '@jupyterlab/services';
 import { IDisposable } from '@lumino/disposable';
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import {
+  ICellMessage,
   ICellRecord,
   ICleanupReport,
   ILeakVerdict,
@@ -74,17 +76,28 @@ export function gpuUsedBytes(snapshot: ISnapshot): number | null {
   return devices.reduce((sum, d) => sum + d.used_bytes, 0);
 }
 
+/** A sample of the running cell: when, and the figure the chart shows. */
+export interface ILivePoint {
+  time_s: number;
+  rss_bytes: number;
+  gpu_bytes: number | null;
+}
+
+const LIVE_POINTS = 240; // two minutes at two samples a second
+
 export class MemoryModel implements IDisposable {
-  constructor(tracker: INotebookTracker) {
-    this._tracker = tracker;
-    tracker.currentChanged.connect(this._follow, this);
+  constructor(session: ISessionContext) {
+    this._session = session;
+    session.kernelChanged.connect(this._restart, this);
+    session.statusChanged.connect(this._onStatus, this);
+    session.iopubMessage.connect(this._onIopub, this);
     this._poll = new Poll({
       factory: () => this._tick(),
       frequency: { interval: 3000, backoff: false },
       name: 'kerasmagic:memory',
       standby: 'when-hidden'
     });
-    this._follow();
+    this._restart();
   }
 
   /** Emitted on every change the view shows. */
@@ -123,6 +136,25 @@ export class MemoryModel implements IDisposable {
   }
   get free(): IFreeState {
     return this._free;
+  }
+  /** Samples pushed while the current cell runs (empty between cells). */
+  get running(): ReadonlyArray<ILivePoint> {
+    return this._running;
+  }
+  /** Each cell record the kernel pushes, with its own leak warning (for the cell badges). */
+  get cellRecorded(): ISignal<this, ICellMessage> {
+    return this._cellRecorded;
+  }
+  /** Emitted when this model's kernel changes or restarts (execution counts start over). */
+  get kernelRestarted(): ISignal<this, void> {
+    return this._kernelRestarted;
+  }
+  /** Whether the sidebar shows this model (only then does it poll a silent kernel). */
+  get active(): boolean {
+    return this._active;
+  }
+  set active(value: boolean) {
+    this._active = value;
   }
   /** Traced tf.functions at the last reading that counted them (cells skip the count), or null. */
   get functions(): number | null {
@@ -226,27 +258,9 @@ export class MemoryModel implements IDisposable {
     window.clearTimeout(this._freeTimer);
     this._poll.dispose();
     this._closeChannel();
+    Signal.disconnectAll(this);
+    Signal.disconnectReceiver(this);
     Signal.clearData(this);
-  }
-
-  /** Follow the active notebook (and its kernel). */
-  private _follow(): void {
-    const session = this._tracker.currentWidget?.sessionContext ?? null;
-    if (session === this._session) {
-      return;
-    }
-    if (this._session) {
-      this._session.kernelChanged.disconnect(this._restart, this);
-      this._session.statusChanged.disconnect(this._onStatus, this);
-      this._session.iopubMessage.disconnect(this._onIopub, this);
-    }
-    this._session = session;
-    if (session) {
-      session.kernelChanged.connect(this._restart, this);
-      session.statusChanged.connect(this._onStatus, this);
-      session.iopubMessage.connect(this._onIopub, this);
-    }
-    this._restart();
   }
 
   /** Forget everything about the previous kernel and connect to the current one. */
@@ -255,9 +269,11 @@ export class MemoryModel implements IDisposable {
     this._snapshot = null;
     this._functions = null;
     this._history = [];
+    this._running = [];
     this._verdict = null;
     this._version = '';
     this._error = '';
+    this._kernelRestarted.emit();
     if (this._free.phase !== 'failed') {
       this._freeToken++;
       this._setFree(NO_FREE);
@@ -271,9 +287,7 @@ export class MemoryModel implements IDisposable {
       return;
     }
     this._closeChannel();
-    if (!this._session) {
-      this._status = 'no-notebook';
-    } else if (!kernel || GONE.includes(kernel.status)) {
+    if (!kernel || GONE.includes(kernel.status)) {
       this._status = 'no-kernel';
     } else {
       try {
@@ -317,17 +331,31 @@ export class MemoryModel implements IDisposable {
         break;
       case 'sample':
         this._setSnapshot(message.snapshot);
+        if (this.kernelStatus === 'busy') {
+          this._addLivePoint(message.snapshot);
+        }
         if (message.verdict !== undefined) {
           this._verdict = message.verdict;
         }
         break;
       case 'cell':
         this._history = [...this._history, message.cell].slice(-HISTORY_CELLS);
+        this._running = [];
         this._verdict = message.verdict;
         this._setSnapshot(message.cell.end);
+        this._cellRecorded.emit(message);
         break;
     }
     this._changed.emit();
+  }
+
+  private _addLivePoint(s: ISnapshot): void {
+    const last = this._running[this._running.length - 1];
+    if (last !== undefined && s.time_s <= last.time_s) {
+      return;
+    }
+    const point = { time_s: s.time_s, rss_bytes: s.ram.rss_bytes, gpu_bytes: gpuUsedBytes(s) };
+    this._running = [...this._running, point].slice(-LIVE_POINTS);
   }
 
   private _setSnapshot(snapshot: ISnapshot): void {
@@ -355,6 +383,9 @@ export class MemoryModel implements IDisposable {
   }
 
   private _onStatus(_: ISessionContext, status: Kernel.Status): void {
+    if (status === 'idle') {
+      this._running = []; // the cell ended (its record came first), or the kernel was only briefly busy
+    }
     if (GONE.includes(status)) {
       if (this._free.phase === 'queued' || this._free.phase === 'running') {
         this._failFree(`the kernel is ${status}: it did not answer "Free memory"`);
@@ -390,6 +421,9 @@ export class MemoryModel implements IDisposable {
     if (!channel || this.kernelStatus !== 'idle') {
       return;
     }
+    if (!this._active && this._status === 'live') {
+      return;
+    }
     const now = Date.now();
     if (this._status === 'connecting' && now - this._connectStartedMs > CONNECT_TIMEOUT_MS) {
       this._closeChannel();
@@ -405,8 +439,11 @@ export class MemoryModel implements IDisposable {
     }
   }
 
-  private _tracker: INotebookTracker;
-  private _session: ISessionContext | null = null;
+  private _session: ISessionContext;
+  private _active = false;
+  private _running: ILivePoint[] = [];
+  private _cellRecorded = new Signal<this, ICellMessage>(this);
+  private _kernelRestarted = new Signal<this, void>(this);
   private _channel: KernelChannel | null = null;
   private _poll: Poll;
   private _status: Status = 'no-notebook';

@@ -124,6 +124,8 @@ export interface ICellMessage {
   type: 'cell';
   cell: ICellRecord;
   verdict: ILeakVerdict | null;
+  /** The detector's message when it flags this very cell, else null (absent from older kernels). */
+  warning?: string | null;
 }
 
 export interface ISnapshotReply {

@@ -6,8 +6,10 @@
 import { Widget } from '@lumino/widgets';
 
 import { formatBytes, formatDelta, percent } from './format';
+import { historyChart } from './chart';
 import { IFreeState, MemoryModel, gpuUsedBytes } from './model';
-import { ICellRecord, IGpuDevice, ISnapshot } from './protocol';
+import { NotebookModels } from './notebooks';
+import { IGpuDevice, ISnapshot } from './protocol';
 
 type Child = Node | string | null;
 
@@ -21,16 +23,6 @@ function h(tag: string, attrs: { [key: string]: string } = {}, ...children: Chil
     if (child !== null) {
       el.append(child);
     }
-  }
-  return el;
-}
-
-const SVG = 'http://www.w3.org/2000/svg';
-
-function svg(tag: string, attrs: { [key: string]: string | number }): SVGElement {
-  const el = document.createElementNS(SVG, tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    el.setAttribute(key, String(value));
   }
   return el;
 }
@@ -123,55 +115,6 @@ function fact(key: string, label: string, value: number | null): HTMLElement | n
   );
 }
 
-/** Bars of each recent cell's end figure with its in-cell peak as a tick. */
-function historyChart(cells: ReadonlyArray<ICellRecord>, useGpu: boolean): HTMLElement {
-  const shown = cells.slice(-20);
-  const endOf = (c: ICellRecord): number =>
-    (useGpu ? gpuUsedBytes(c.end) : c.end.ram.rss_bytes) ?? 0;
-  const peakOf = (c: ICellRecord): number =>
-    Math.max(endOf(c), (useGpu ? c.peak_gpu_bytes : c.peak_rss_bytes) ?? 0);
-  const top = Math.max(1, ...shown.map(peakOf));
-  const width = 240;
-  const height = 60;
-  const step = width / 20;
-  const what = useGpu ? 'VRAM' : 'RSS';
-  const chart = svg('svg', {
-    viewBox: `0 0 ${width} ${height}`,
-    class: 'jp-kerasmagic-chart',
-    role: 'img',
-    'aria-label': shown.length
-      ? `${what} after cells ${shown[0].execution_count} to ${shown[shown.length - 1].execution_count}: ` +
-        `from ${formatBytes(endOf(shown[0]))} to ${formatBytes(endOf(shown[shown.length - 1]))}`
-      : `${what}: no cells recorded yet`
-  });
-  shown.forEach((c, i) => {
-    const x = i * step + 1;
-    const barHeight = (endOf(c) / top) * (height - 2);
-    const bar = svg('rect', {
-      x,
-      y: height - barHeight,
-      width: step - 2,
-      height: barHeight,
-      class: c.delta.rss_bytes !== null && (c.delta.rss_bytes ?? 0) > 0 ? 'jp-kerasmagic-up' : 'jp-kerasmagic-down'
-    });
-    const title = svg('title', {});
-    title.textContent =
-      `[${c.execution_count}] ${formatBytes(endOf(c))} after, peak ${formatBytes(peakOf(c))}, ` +
-      `${formatDelta((useGpu ? c.delta.gpu_used_bytes : c.delta.rss_bytes) ?? null)} in ${c.duration_s.toFixed(1)} s`;
-    bar.append(title);
-    chart.append(bar);
-    const peakY = height - (peakOf(c) / top) * (height - 2);
-    chart.append(svg('line', { x1: x, x2: x + step - 2, y1: peakY, y2: peakY, class: 'jp-kerasmagic-peak-line' }));
-  });
-  return h(
-    'div',
-    { class: 'jp-kerasmagic-history', 'data-km': 'history', 'data-cells': String(cells.length) },
-    h('div', { class: 'jp-kerasmagic-section-title' },
-      shown.length ? `${what} after each of the last ${shown.length} cells (tick: peak)` : what),
-    shown.length ? chart : h('div', { class: 'jp-kerasmagic-note' }, 'No cells recorded yet.')
-  );
-}
-
 function freeText(free: IFreeState): string {
   switch (free.phase) {
     case 'idle':
@@ -212,6 +155,27 @@ function leakBanner(m: MemoryModel): HTMLElement {
     h('b', {}, '⚠ Memory keeps growing. '), verdict.message);
 }
 
+/** The one figure a user wants first: this kernel's VRAM on a GPU, else its RAM, in large type. */
+function headline(m: MemoryModel, s: ISnapshot): HTMLElement {
+  const vram = gpuUsedBytes(s);
+  const [label, bytes] = vram === null ? ['this kernel’s RAM (RSS)', s.ram.rss_bytes] : ['this kernel’s VRAM', vram];
+  const last = m.history[m.history.length - 1];
+  const change = last === undefined ? null
+    : vram === null ? last.delta.rss_bytes ?? null : last.delta.gpu_used_bytes ?? null;
+  return h(
+    'div',
+    { class: 'jp-kerasmagic-headline', 'data-km': 'headline', 'data-bytes': String(bytes) },
+    h('div', { class: 'jp-kerasmagic-headline-value' }, formatBytes(bytes)),
+    h('div', { class: 'jp-kerasmagic-headline-label' },
+      label + (change === null ? '' : ` · ${formatDelta(change)} in cell [${last.execution_count}]`))
+  );
+}
+
+/** Whether the leak detector says memory grows (and nothing was freed since). */
+export function growing(m: MemoryModel | null): boolean {
+  return m !== null && m.status === 'live' && !!m.verdict?.growing && !m.verdict.freed_since;
+}
+
 const MESSAGES: { [status: string]: string } = {
   'no-notebook': 'Open a notebook to see its kernel’s memory.',
   'no-kernel': 'This notebook has no running kernel.',
@@ -221,31 +185,35 @@ const MESSAGES: { [status: string]: string } = {
 
 /** The sidebar panel. */
 export class MemoryPanel extends Widget {
-  constructor(model: MemoryModel) {
+  constructor(models: NotebookModels) {
     super();
-    this._model = model;
+    this._models = models;
     this.addClass('jp-kerasmagic-panel');
     this._loadButton = h('button', { class: 'jp-mod-styled jp-mod-accept', 'data-km': 'load' },
       'Load kerasmagic') as HTMLButtonElement;
-    this._loadButton.addEventListener('click', () => void this._model.loadExtension());
-    this._freeButton = h('button', { class: 'jp-mod-styled jp-mod-warn', 'data-km': 'free' },
+    this._loadButton.addEventListener('click', () => void this._models.current?.loadExtension());
+    this._freeButton = h('button', { class: 'jp-mod-styled jp-kerasmagic-free', 'data-km': 'free' },
       'Free memory') as HTMLButtonElement;
     this._freeButton.title =
       'Run kerasmagic.reset() in the kernel: drop models held only by Out[], tracebacks and ' +
       'callbacks, reset Keras/TF state, collect. Never drops a model you keep under a name.';
-    this._freeButton.addEventListener('click', () => void this._model.freeMemory());
+    this._freeButton.addEventListener('click', () => void this._models.current?.freeMemory());
     this.node.append(
       this._header,
       h('div', { class: 'jp-kerasmagic-message' }, this._message, this._loadButton),
       this._body,
       h('div', { class: 'jp-kerasmagic-actions' }, this._freeButton, this._freeResult)
     );
-    model.changed.connect(this._render, this);
+    models.changed.connect(this._render, this);
     this._render();
   }
 
   private _render(): void {
-    const m = this._model;
+    const m = this._models.current;
+    if (m === null) {
+      this._renderEmpty();
+      return;
+    }
     const s = m.snapshot;
     this.node.dataset.status = m.status;
     this._header.replaceChildren(
@@ -270,6 +238,7 @@ export class MemoryPanel extends Widget {
     }
     const gpus = s.gpu.devices;
     this._body.replaceChildren(
+      headline(m, s),
       ramGauge(s),
       ...(gpus.length ? gpus.map(gpuGauge)
         : [h('div', { class: 'jp-kerasmagic-line', 'data-km': 'gpu' }, h('b', {}, 'GPU '), s.gpu.message ?? s.gpu.status)]),
@@ -279,12 +248,23 @@ export class MemoryPanel extends Widget {
         fact('graph-ops', 'default-graph ops', s.graph.default_graph_ops),
         fact('custom-gradients', 'custom gradients', s.graph.custom_gradients),
         fact('functions', 'traced tf.functions', m.functions)),
-      historyChart(m.history, gpus.length > 0),
+      historyChart(m.history, m.running, gpus.length > 0),
       leakBanner(m)
     );
   }
 
-  private _model: MemoryModel;
+  private _renderEmpty(): void {
+    this.node.dataset.status = 'no-notebook';
+    this._header.replaceChildren(h('div', { class: 'jp-kerasmagic-title' }, 'Kernel memory'));
+    this._message.textContent = MESSAGES['no-notebook'];
+    this._message.parentElement!.hidden = false;
+    this._loadButton.hidden = true;
+    this._freeButton.hidden = true;
+    this._freeResult.textContent = '';
+    this._body.replaceChildren();
+  }
+
+  private _models: NotebookModels;
   private _header = h('div', { class: 'jp-kerasmagic-header' });
   private _message = h('span', {});
   private _body = h('div', { class: 'jp-kerasmagic-body' });
@@ -300,9 +280,9 @@ export class MemoryPanel extends Widget {
 
 /** The status-bar item: the kernel's VRAM, or its RSS without a GPU. */
 export class MemoryStatus extends Widget {
-  constructor(model: MemoryModel, onClick: () => void) {
+  constructor(models: NotebookModels, onClick: () => void) {
     super();
-    this._model = model;
+    this._models = models;
     this.addClass('jp-kerasmagic-status');
     this.node.dataset.km = 'status';
     this.node.title = 'Kernel memory (kerasmagic): click for details';
@@ -315,24 +295,31 @@ export class MemoryStatus extends Widget {
         onClick();
       }
     });
-    model.changed.connect(this._render, this);
+    models.changed.connect(this._render, this);
     this._render();
   }
 
   private _render(): void {
-    const m = this._model;
-    const s = m.status === 'live' ? m.snapshot : null;
+    const m = this._models.current;
+    const s = m?.status === 'live' ? m.snapshot : null;
+    const warn = growing(m);
+    this.toggleClass('jp-mod-warn', warn);
+    this.node.dataset.warn = String(warn);
     if (s === null) {
-      this.node.textContent = m.status === 'not-loaded' ? 'Mem: –' : '';
+      this.node.textContent = m?.status === 'not-loaded' ? 'Mem: –' : '';
       this.node.dataset.bytes = '';
       return;
     }
     const vram = gpuUsedBytes(s);
     const [label, bytes] = vram === null ? ['RSS', s.ram.rss_bytes] : ['VRAM', vram];
-    this.node.textContent = `${label} ${formatBytes(bytes)}`;
-    this.node.setAttribute('aria-label', `Kernel ${label} ${formatBytes(bytes)}: open the memory panel`);
+    this.node.textContent = `${warn ? '⚠ ' : ''}${label} ${formatBytes(bytes)}`;
+    this.node.title = warn
+      ? `Memory keeps growing: ${m!.verdict!.message} Click for details.`
+      : 'Kernel memory (kerasmagic): click for details';
+    this.node.setAttribute('aria-label', `Kernel ${label} ${formatBytes(bytes)}` +
+      (warn ? ', memory keeps growing' : '') + ': open the memory panel');
     this.node.dataset.bytes = String(bytes);
   }
 
-  private _model: MemoryModel;
+  private _models: NotebookModels;
 }

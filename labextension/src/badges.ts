@@ -1,0 +1,149 @@
+/**
+ * The one-line memory badge under each executed code cell, drawn from the cell's
+ * `metadata.kerasmagic` (so a reopened notebook shows its record too) and only
+ * while that record belongs to the cell's current execution count.
+ */
+import { Cell } from '@jupyterlab/cells';
+import { NotebookPanel } from '@jupyterlab/notebook';
+import { IDisposable } from '@lumino/disposable';
+import { ISignal, Signal } from '@lumino/signaling';
+import { PanelLayout, Widget } from '@lumino/widgets';
+
+import { METADATA_KEY, ICellMemory, readCellMemory } from './cellrecord';
+import { formatBytes, formatDelta } from './format';
+
+/** The `showCellBadges` setting, shared by every notebook's badges. */
+export class BadgeSettings {
+  get show(): boolean {
+    return this._show;
+  }
+  set show(value: boolean) {
+    if (value !== this._show) {
+      this._show = value;
+      this._changed.emit();
+    }
+  }
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+  private _show = true;
+  private _changed = new Signal<this, void>(this);
+}
+
+/** Return the badge's line for a record. */
+export function badgeText(m: ICellMemory): string {
+  const parts = [
+    `RSS ${formatDelta(m.rss_delta_bytes)}`,
+    `peak ${formatBytes(m.peak_rss_bytes)}`
+  ];
+  if (m.gpu_delta_bytes !== null) {
+    parts.push(`VRAM ${formatDelta(m.gpu_delta_bytes)}`);
+  }
+  if (m.models_delta) {
+    parts.push(`${m.models_delta > 0 ? '+' : '−'}${Math.abs(m.models_delta)} model` +
+      (Math.abs(m.models_delta) === 1 ? '' : 's'));
+  }
+  return parts.join(' · ');
+}
+
+class Badge extends Widget {
+  constructor() {
+    super();
+    this.addClass('jp-kerasmagic-cellBadge');
+    this.node.dataset.km = 'cell-badge';
+  }
+
+  render(memory: ICellMemory | null): void {
+    this.setHidden(memory === null);
+    if (memory === null) {
+      return;
+    }
+    const d = this.node.dataset;
+    d.executionCount = String(memory.execution_count);
+    d.rssDelta = String(memory.rss_delta_bytes ?? '');
+    d.peakRss = String(memory.peak_rss_bytes);
+    d.gpuDelta = String(memory.gpu_delta_bytes ?? '');
+    d.modelsDelta = String(memory.models_delta ?? '');
+    d.warning = memory.warning ? 'true' : 'false';
+    const text = badgeText(memory);
+    const children: (Node | string)[] = [text];
+    if (memory.warning) {
+      const mark = document.createElement('span');
+      mark.className = 'jp-kerasmagic-cellBadge-warn';
+      mark.textContent = '⚠ grows per run';
+      children.push(' · ', mark);
+    }
+    this.node.replaceChildren(...children);
+    this.node.title = `kerasmagic, cell [${memory.execution_count}] (${memory.duration_s.toFixed(1)} s): ` +
+      `RSS ${formatDelta(memory.rss_delta_bytes)} to ${formatBytes(memory.rss_bytes)}, ` +
+      `in-cell peak ${formatBytes(memory.peak_rss_bytes)}` +
+      (memory.gpu_bytes !== null ? `; VRAM ${formatDelta(memory.gpu_delta_bytes)} to ${formatBytes(memory.gpu_bytes)}` : '') +
+      (memory.models_delta !== null ? `; live Keras models ${memory.models_delta >= 0 ? '+' : ''}${memory.models_delta}` : '') +
+      (memory.warning ? `\n⚠ ${memory.warning}` : '');
+    this.node.setAttribute('aria-label', this.node.title);
+  }
+}
+
+/** Keeps a badge under every code cell of one notebook in step with its record. */
+export class CellBadges implements IDisposable {
+  constructor(panel: NotebookPanel, settings: BadgeSettings) {
+    this._panel = panel;
+    this._settings = settings;
+    settings.changed.connect(this._updateAll, this);
+    panel.context.ready.then(() => this._start()).catch(() => undefined);
+  }
+
+  get isDisposed(): boolean {
+    return this._disposed;
+  }
+
+  dispose(): void {
+    this._disposed = true;
+    Signal.disconnectReceiver(this);
+  }
+
+  private _start(): void {
+    const cells = this._panel.content.model?.cells;
+    if (!cells || this._disposed) {
+      return;
+    }
+    // The notebook makes its cell widgets in its own handler of the same signal: wait for it.
+    cells.changed.connect(() => void Promise.resolve().then(() => this._updateAll()), this);
+    this._updateAll();
+  }
+
+  private _updateAll(): void {
+    if (this._disposed) {
+      return;
+    }
+    for (const cell of this._panel.content.widgets) {
+      if (cell.model.type === 'code') {
+        this._update(cell);
+      }
+    }
+  }
+
+  private _update(cell: Cell): void {
+    let badge = this._badges.get(cell);
+    if (badge === undefined) {
+      badge = new Badge();
+      this._badges.set(cell, badge);
+      (cell.layout as PanelLayout).addWidget(badge);
+      const again = (): void => {
+        if (!cell.isDisposed) {
+          this._update(cell);
+        }
+      };
+      cell.model.metadataChanged.connect(again, this);
+      cell.model.stateChanged.connect((_, change) => change.name === 'executionCount' && again(), this);
+    }
+    const memory = readCellMemory(cell.model.getMetadata(METADATA_KEY));
+    const current = (cell.model as { executionCount?: number | null }).executionCount ?? null;
+    badge.render(this._settings.show && memory !== null && memory.execution_count === current ? memory : null);
+  }
+
+  private _panel: NotebookPanel;
+  private _settings: BadgeSettings;
+  private _disposed = false;
+  private _badges = new WeakMap<Cell, Badge>();
+}
