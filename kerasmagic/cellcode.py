@@ -51,7 +51,9 @@ def compile_cell(shell: Any, code: str, header: str = "") -> CompiledCell:
     ``header`` (the ``%%magic`` line) is shown as line 1 in tracebacks, so line numbers match
     the notebook cell. Raise ``SyntaxError`` (naming the cell) if the code does not compile.
     """
-    source = f"{header}\n{code}" if header else code
+    # The header is a comment in the cached source: AutoGraph and inspect parse that source
+    # (a lambda's code is found by parsing its whole file), and "%%magic" is not Python.
+    source = f"# {header}\n{code}" if header else code
     number = cell_number(shell)
     cached = _cache.get(source)
     if cached is not None:

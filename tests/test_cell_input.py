@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
 from jupyter_client.manager import start_new_kernel
 
 from kerasmagic.cellawait import AwaitTransformer
@@ -321,3 +322,15 @@ def test_fuzzed_magic_lines(kip: InteractiveShell, capsys: pytest.CaptureFixture
             f"\nfuzz: {len(cells)} magic lines, {refused} refused with one UsageError line, "
             f"{len(cells) - refused} accepted, 0 tracebacks, 0 values lost, {elapsed_s:.1f} s"
         )
+
+
+def test_autograph_converts_lambdas_under_the_magic(kip: InteractiveShell) -> None:
+    """AutoGraph finds a lambda by parsing the cell's cached source: it must be Python."""
+    with capture_output() as out:
+        result = kip.run_cell(
+            "%%fresh_model -q\nds = tf.data.Dataset.range(4).map(lambda v: v * 2)\n"
+            "got = [int(v) for v in ds.as_numpy_iterator()]",
+            store_history=True,
+        )
+    assert result.success and kip.user_ns["got"] == [0, 2, 4, 6]
+    assert "could not transform" not in out.stdout + out.stderr
