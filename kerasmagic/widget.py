@@ -22,7 +22,7 @@ from kerasmagic.svg import bar_html, sparkline_svg
 
 SPARK_CELLS = 50
 # JupyterLab's theme variables (light, dark, high contrast); the fallbacks serve other frontends.
-OK_COLOUR = "var(--jp-success-color1, #2e7d32)"
+OK_COLOUR = "var(--jp-success-color1, #2e7d32)"  # a mark only: as text it reads 4.1:1 on white
 WARN_COLOUR = "var(--jp-error-color1, #b71c1c)"
 
 
@@ -153,7 +153,10 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
 
     def _alert_html(self) -> str:
         if not self.growing:
-            return f"<div style='color:{OK_COLOUR}'>stable: no growth across re-runs</div>"
+            return (
+                f"<div style='border-left:3px solid {OK_COLOUR};padding-left:4px'>"
+                "stable: no growth across re-runs</div>"
+            )
         return (
             f"<div role='alert' style='color:{WARN_COLOUR};font-weight:bold'>"
             f"&#9888; {html.escape(self.warning)}</div>"

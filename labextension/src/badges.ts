@@ -7,6 +7,7 @@ import { Cell } from '@jupyterlab/cells';
 import { NotebookPanel } from '@jupyterlab/notebook';
 import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
+import { MessageLoop } from '@lumino/messaging';
 import { PanelLayout, Widget } from '@lumino/widgets';
 
 import { METADATA_KEY, ICellMemory, readCellMemory } from './cellrecord';
@@ -129,6 +130,15 @@ export class CellBadges implements IDisposable {
       badge = new Badge();
       this._badges.set(cell, badge);
       (cell.layout as PanelLayout).addWidget(badge);
+      // A code cell's layout re-inserts its children on attach around the output wrapper, and
+      // a badge added before the cell was first attached can land on top: keep it last.
+      const last = badge;
+      MessageLoop.installMessageHook(cell, (_, msg) => {
+        if (msg.type === 'after-attach' && last.node.nextElementSibling !== null) {
+          cell.node.appendChild(last.node);
+        }
+        return true;
+      });
       const again = (): void => {
         if (!cell.isDisposed) {
           this._update(cell);
@@ -139,6 +149,9 @@ export class CellBadges implements IDisposable {
     }
     const memory = readCellMemory(cell.model.getMetadata(METADATA_KEY));
     const current = (cell.model as { executionCount?: number | null }).executionCount ?? null;
+    if (badge.node.nextElementSibling !== null && badge.node.parentElement === cell.node) {
+      cell.node.appendChild(badge.node);
+    }
     badge.render(this._settings.show && memory !== null && memory.execution_count === current ? memory : null);
   }
 

@@ -17,6 +17,7 @@ const RIGHT = 6;
 const TOP = 14; // room for the delta labels
 const BOTTOM = 100; // x-axis labels below
 const LIVE_SLOTS = 3; // the running cell's column is this many cells wide
+const MIN_COLUMNS = 10; // a few cells get wide bars, not a crowd of thin ones
 const MB = 2 ** 20;
 
 function svg(tag: string, attrs: { [key: string]: string | number }, text?: string): SVGElement {
@@ -69,13 +70,22 @@ function mbLabel(n: number): string {
   return n >= 10 * 1024 * MB ? formatBytes(n) : `${Math.round(n / MB)} MB`;
 }
 
-/** Label the largest change and the last cell's, when they are at least 1 MB. */
-function labelled(shown: IBar[]): Set<number> {
+const LABEL_GAP = 34; // a "+48 MB" label's width at the chart's font size
+
+/**
+ * Label the largest changes (at least 1 MB and a quarter of the largest), biggest first,
+ * skipping any that would overlap a label already placed.
+ */
+function labelled(shown: IBar[], step: number): Set<number> {
   const big = (b: IBar): number => Math.abs(b.end - b.start);
+  const largest = Math.max(0, ...shown.map(big));
+  const order = shown.map((_, i) => i).sort((a, b) => big(shown[b]) - big(shown[a]));
   const out = new Set<number>();
-  const largest = shown.reduce((a, b, i) => (big(b) > big(shown[a]) ? i : a), 0);
-  for (const i of [largest, shown.length - 1]) {
-    if (shown.length && big(shown[i]) >= MB) {
+  for (const i of order) {
+    if (big(shown[i]) < Math.max(MB, largest / 4)) {
+      break;
+    }
+    if ([...out].every(j => Math.abs(i - j) * step >= LABEL_GAP)) {
       out.add(i);
     }
   }
@@ -104,7 +114,8 @@ export function historyChart(
   const values = [...shown.flatMap(b => [b.start, b.end, b.peak]), ...livePts.map(p => p.v)];
   const [lo, hi] = axisRange(values);
   const y = (v: number): number => BOTTOM - ((v - lo) / (hi - lo)) * (BOTTOM - TOP);
-  const slots = CHART_CELLS + (livePts.length ? LIVE_SLOTS : 0);
+  const columns = Math.max(shown.length, MIN_COLUMNS);
+  const slots = columns + (livePts.length ? LIVE_SLOTS : 0);
   const step = (W - LEFT - RIGHT) / slots;
   const chart = svg('svg', { viewBox: `0 0 ${W} ${H}`, class: 'jp-kerasmagic-chart', role: 'img' });
   chart.dataset.lo = String(lo);
@@ -113,7 +124,7 @@ export function historyChart(
     chart.append(svg('line', { x1: LEFT, x2: W - RIGHT, y1: y(v), y2: y(v), class: 'jp-kerasmagic-grid' }));
     chart.append(svg('text', { x: LEFT - 4, y: y(v) + 3, 'text-anchor': 'end', class: `jp-kerasmagic-axis jp-mod-${cls}` }, mbLabel(v)));
   }
-  const marks = labelled(shown);
+  const marks = labelled(shown, step);
   shown.forEach((b, i) => {
     const x = LEFT + i * step + step * 0.15;
     const width = step * 0.7;
@@ -145,7 +156,7 @@ export function historyChart(
     }
   }
   if (livePts.length) {
-    const x0 = LEFT + CHART_CELLS * step;
+    const x0 = LEFT + columns * step;
     const t0 = livePts[0].t;
     const span = Math.max(1, livePts[livePts.length - 1].t - t0);
     const pts = livePts.map(p => `${(x0 + ((p.t - t0) / span) * (LIVE_SLOTS * step - 2)).toFixed(1)},${y(p.v).toFixed(1)}`);

@@ -24,6 +24,9 @@ METADATA_JS = f"(i) => {CELL}.getMetadata('kerasmagic') ?? null"
 COUNT_JS = f"(i) => {CELL}.executionCount"
 RECORDED_JS = f"(i) => {CELL}.getMetadata('kerasmagic')?.execution_count === {CELL}.executionCount"
 BADGE = '[data-km="cell-badge"]'
+BELOW_JS = """el => el.nextElementSibling === null && ['inputWrapper', 'outputWrapper'].every(
+  w => el.getBoundingClientRect().top >= el.parentElement.querySelector('.jp-Cell-' + w)
+    .getBoundingClientRect().bottom - 1)"""
 TOGGLE_JS = "window.jupyterapp.commands.execute('kerasmagic:toggle-cell-badges')"
 
 
@@ -33,6 +36,8 @@ def _badge_for_run(page: Any, index: int) -> dict[str, Any]:
     badge = f".jp-Notebook .jp-Cell >> nth={index} >> {BADGE}"
     page.wait_for_selector(f"{badge}[data-execution-count='{count}']", state="visible")
     attrs: dict[str, Any] = page.eval_on_selector(badge, "el => ({...el.dataset})")
+    below = page.eval_on_selector(badge, BELOW_JS)
+    assert below, "the badge must be the cell's last line, under its input and output"
     attrs["text"] = page.inner_text(badge)
     return attrs
 

@@ -2,13 +2,16 @@
 
 Reads the RSS figure from the rendered widget's DOM (``[data-km-live="rss"]``, whose
 ``data-bytes`` is the figure the bar shows). ``KERASMAGIC_WIDGET_SCREENSHOT=path`` saves the
-JupyterLab widget there (``docs/live_widget.png``).
+JupyterLab widget there (``docs/live_widget.png``); ``KERASMAGIC_SCREENSHOT_DIR=docs`` writes
+``live_widget.png`` and ``live_widget_dark.png`` there. Its text is checked for 4.5:1 contrast in
+the light and dark themes.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +30,7 @@ from .conftest import (
     wait_until,
     write_notebook,
 )
+from .contrast import low_contrast, set_theme
 
 pytestmark = pytest.mark.slow
 
@@ -96,8 +100,19 @@ def test_live_widget_renders_and_follows_rss_in_jupyterlab(lab: Server, page: An
     write_notebook(lab.root, "live.ipynb", CELLS)
     output = _check_widget(page, f"{lab.url}/lab/workspaces/live/tree/live.ipynb", during=True)
     shot = os.environ.get("KERASMAGIC_WIDGET_SCREENSHOT")
+    shots = os.environ.get("KERASMAGIC_SCREENSHOT_DIR")
     if shot:
         output.screenshot(path=shot)
+    elif shots:
+        output.screenshot(path=str(Path(shots) / "live_widget.png"))
+    assert low_contrast(page, [".kerasmagic-live"]) == [], low_contrast(page, [".kerasmagic-live"])
+    try:
+        set_theme(page, "JupyterLab Dark")
+        assert low_contrast(page, [".kerasmagic-live"]) == [], low_contrast(page, [".kerasmagic-live"])
+        if shots:
+            output.screenshot(path=str(Path(shots) / "live_widget_dark.png"))
+    finally:
+        set_theme(page, "JupyterLab Light")
 
 
 def test_live_widget_renders_in_notebook7(notebook7: Server, page: Any) -> None:
