@@ -20,9 +20,12 @@ from traitlets import Float, Int
 from traitlets.config import Configurable
 
 from kerasmagic.advice import cell_mode
+from kerasmagic.backends import keras_backend, read_active
+from kerasmagic.backends.tensorflow import info as tensorflow_info
 from kerasmagic.interrupts import held_interrupts, interrupt_finished_cell, interrupt_next_cell
 from kerasmagic.leak import STABLE, LeakDetector, LeakVerdict
 from kerasmagic.probes import read_ram
+from kerasmagic.probes.graph import custom_gradient_count, function_count
 from kerasmagic.record import CellRecord, rusage_peak, source_hash
 from kerasmagic.sampler import Sampler
 from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
@@ -189,7 +192,7 @@ class LiveMonitor(Configurable):
         base = self._latest
         if base is None:
             return
-        snap = dataclasses.replace(base, time_s=time.time(), ram=ram, gpu=gpu, tf=tf)
+        snap = _refreshed(base, ram, gpu, tf)
         with self._lock:  # a cell's end snapshot may have landed meanwhile: it wins
             if self._latest is not base:
                 return
@@ -232,6 +235,25 @@ class LiveMonitor(Configurable):
     def view(self, key: str) -> Any | None:
         """Return the attached view called ``key``, or None."""
         return self._views.get(key)
+
+
+def _refreshed(base: MemorySnapshot, ram: Any, gpu: Any, tf: Any) -> MemorySnapshot:
+    """Return ``base`` with what a background thread can read afresh: memory, the global
+    graph figures (not the default graph's ops: that graph is per thread) and the backends,
+    so a first ``fit()`` shows TensorFlow while it runs, not the state before the cell."""
+    graph = dataclasses.replace(
+        base.graph, custom_gradients=custom_gradient_count(), functions=function_count()
+    )
+    return dataclasses.replace(
+        base,
+        time_s=time.time(),
+        ram=ram,
+        gpu=gpu,
+        tf=tf,
+        graph=graph,
+        keras_backend=keras_backend(),
+        backends=read_active({"tensorflow": tensorflow_info(tf, graph)}),
+    )
 
 
 _monitors: dict[int, LiveMonitor] = {}

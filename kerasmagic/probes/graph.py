@@ -51,12 +51,17 @@ def _default_graph_ops() -> int | None:
     return int(ops.get_default_graph().version)
 
 
+def function_count() -> int | None:
+    """Return the size of the eager function library (~1 ms at 1,000; any thread), or None."""
+    if not runtime_initialized():
+        return None
+    ctx = tf_context()
+    return len(ctx.list_function_names()) if ctx is not None else None
+
+
 def read_graph(functions: bool = True) -> GraphInfo:
     """Return graph-size figures; ``functions`` lists the eager function library (~1 ms)."""
-    n_functions = None
-    if functions and runtime_initialized():
-        ctx = tf_context()
-        n_functions = len(ctx.list_function_names()) if ctx is not None else None
+    n_functions = function_count() if functions else None
     return GraphInfo(
         default_graph_ops=_default_graph_ops(),
         custom_gradients=custom_gradient_count(),
