@@ -36,7 +36,7 @@ ISOLATE_FLAGS = ("inputs", "outputs", "timeout", "gpus", "on")
 
 @magics_class
 class KerasMagics(Magics):
-    """Memory magics for Keras/TensorFlow notebooks (``%load_ext kerasmagic``)."""
+    """Memory magics for Keras on TensorFlow, JAX or PyTorch (``%load_ext kerasmagic``)."""
 
     patch_stack_traces = Bool(
         True,
@@ -59,7 +59,9 @@ class KerasMagics(Magics):
     @argument("--history", action="store_true", help="Show the per-cell memory history.")
     @argument("--plot", action="store_true", help="Plot RSS/VRAM per cell (needs matplotlib).")
     @argument("--json", action="store_true", help="Print the snapshot as JSON.")
-    @argument("--reset-peak", action="store_true", help="Reset TensorFlow's per-GPU peak counters.")
+    @argument(
+        "--reset-peak", action="store_true", help="Reset the backend's per-GPU peak counters."
+    )
     @argument(
         "--deep",
         action="store_true",
@@ -68,18 +70,21 @@ class KerasMagics(Magics):
     @argument(
         "--growth",
         action="store_true",
-        help="Turn on TensorFlow GPU memory growth (only before TF starts its GPUs).",
+        help="GPU memory on demand, not all at start: TF memory growth, JAX without "
+        "pre-allocation (only before the backend starts its GPUs).",
     )
     @argument(
         "--limit",
         type=megabytes,
         metavar="MB",
-        help="Cap TensorFlow at MB megabytes per GPU (only before TF starts its GPUs).",
+        help="Cap the Keras backend (TF, JAX, PyTorch) at MB megabytes per GPU (TF and JAX: "
+        "only before they start their GPUs).",
     )
     @no_var_expand  # a line is options, not code: and expanding an 80 KB line took minutes
     @line_magic
     def gpu_mem(self, line: str) -> None:
-        """Show RAM, GPU memory per device, TensorFlow's allocator, graph size and live models."""
+        """Show RAM, GPU memory per device, the Keras backend's allocator and caches (TensorFlow,
+        JAX, PyTorch; others get one line), graph size and live models."""
         args = parse_line(self.gpu_mem, line)
         if args.live or args.history or args.plot:
             from kerasmagic.liveview import show
@@ -96,7 +101,8 @@ class KerasMagics(Magics):
             print(
                 f"kerasmagic: peak reset on {', '.join(done)}"
                 if done
-                else "kerasmagic: no TensorFlow GPU allocator to reset"
+                else "kerasmagic: no GPU allocator to reset (no GPU, or the backend has not "
+                "started it)"
             )
         snap = take_snapshot(self.ip.user_ns)
         models = live_models(self.ip.user_ns) if args.deep else None

@@ -81,7 +81,7 @@ def test_reset_peak_and_gpu_options_without_gpu(
     capsys.readouterr()
     kip.run_line_magic("gpu_mem", "--reset-peak --growth")
     out = capsys.readouterr().out
-    assert "no TensorFlow GPU allocator to reset" in out
+    assert "no GPU allocator to reset" in out
     assert "no GPU visible to TensorFlow: nothing to configure" in out
 
 
