@@ -33,6 +33,18 @@ def _tf_totals(snap: MemorySnapshot) -> tuple[int | None, int | None]:
     return sum(d.current_bytes for d in snap.tf.devices), snap.gpu_used_bytes
 
 
+def _backend_figures(snap: MemorySnapshot) -> tuple[str, str]:
+    """Return the Keras backend's name and its figures in words (JAX, PyTorch: no TF rows)."""
+    info = snap.backend
+    if info is None:
+        return snap.keras_backend or "", ""
+    parts = [f"{info.name} {info.version or ''}".strip() + f" ({info.platform or 'not started'})"]
+    if info.in_use_bytes is not None:
+        parts.append(f"in use {fmt_bytes(info.in_use_bytes)}")
+    parts += [f"{key.replace('_', ' ')} {value}" for key, value in info.caches.items()]
+    return info.name, ", ".join(parts)
+
+
 class LiveWidget(widgets.VBox):  # type: ignore[misc]
     """Memory of this kernel, updated after every cell and while a cell runs."""
 
@@ -54,6 +66,8 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
     samples_seen = Int(0).tag(sync=True)
     growing = Bool(False).tag(sync=True)
     warning = Unicode("").tag(sync=True)
+    backend = Unicode("").tag(sync=True)  # what Keras runs on: tensorflow, jax, torch
+    backend_figures = Unicode("").tag(sync=True)  # its allocator and caches, in words
 
     def __init__(self, monitor: LiveMonitor, **kwargs: Any) -> None:
         self._bars = widgets.HTML()
@@ -98,6 +112,7 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
         devices = snap.gpu.devices
         self.gpu_total_bytes = sum(d.total_bytes for d in devices) if devices else None
         self.tf_in_use_bytes, self.tf_reserved_bytes = _tf_totals(snap)
+        self.backend, self.backend_figures = _backend_figures(snap)
         self.graph_functions = snap.graph.functions
         self.custom_gradients = snap.graph.custom_gradients
         self.live_models = snap.keras.live_models
@@ -144,9 +159,14 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
             if self.last_cell is None
             else f"cell [{self.last_cell}] RSS {_signed(self.last_delta_bytes)}"
         )
+        graph = (
+            f"graph: {opt(self.graph_functions)} functions, "
+            f"{opt(self.custom_gradients)} custom gradients"
+            if self.backend in ("", "tensorflow")
+            else html.escape(self.backend_figures)
+        )
         return (
-            f"<div>graph: {opt(self.graph_functions)} functions, "
-            f"{opt(self.custom_gradients)} custom gradients &middot; models: "
+            f"<div>{graph} &middot; models: "
             f"{opt(self.live_models)} live, name counter {opt(self.name_counter)} &middot; "
             f"last: {html.escape(delta)}</div>"
         )
