@@ -1,12 +1,21 @@
 """Record op stack traces as strings, so re-run cells stop feeding TensorFlow's frame cache.
 
 TensorFlow records the Python stack of every op it creates while tracing. Its C++ capture
-memoises each stack in a process-wide map keyed by code objects, never emptied; a notebook cell
-re-run is a new code object, so every re-run ``fit`` adds ~350 entries (~0.5 MB) that ``gc``
-cannot see. ``ops.py`` looks ``tf_stack.extract_stack`` up at call time, so swapping it for a
-Python walk that applies TensorFlow's own source maps and filters and hands back a strings-only
-trace keeps error messages ("defined at ...") while holding no code object. Trade-off:
-``op.traceback`` is built a little slower (~10% more time per traced step).
+memoises each deep stack in a process-wide map keyed by code objects, never emptied; a notebook
+cell re-run is a new code object, so every re-run ``fit`` adds ~350 entries (~0.5 MB) that ``gc``
+cannot see. ``ops.py`` looks ``tf_stack.extract_stack`` up at call time, so it is swapped for a
+Python walk that applies TensorFlow's own source maps and filters and hands back a trace made of
+strings: ``op.traceback`` is the same and no code object is held. Runtime errors still name the
+user's line after "defined at", but list TensorFlow's own frames there too: a trace made of
+strings cannot tell TensorFlow which frames are its own (loaded as is, it would list none).
+
+Speed (``benchmarks/stack_traces.py``): stacks share their outer frames and many ops share a
+whole stack (a layer's ops, a loop, the next model), so traces live in a tree of frames keyed
+from the outermost (``tracetree``); a stack seen before costs one walk of the frames, a new one
+only encodes its new inner frames. A frame is keyed by what decides its line (file, function,
+first line, line table, last instruction), not by its code object, so line numbers, the slow
+part, are only computed for new frames. ``clear_cache()`` (kerasmagic's cleanup calls it)
+empties the tree; it also resets itself past ``tracetree.MAX_NODES`` frames.
 """
 
 from __future__ import annotations
@@ -16,62 +25,121 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from kerasmagic import tracetree
+
+MAX_MAPS = 64  # source maps whose files are remembered (autograph builds one per function)
+
 _original: Callable[..., Any] | None = None
+_map_files: dict[int, tuple[Any, frozenset[str]]] = {}
+_NO_FILES: frozenset[str] = frozenset()
 
 
-def _modules() -> tuple[Any, Any, Any] | None:
-    """Return (tf_stack, _tf_stack, graph_debug_info_pb2) if they look as expected."""
+def _modules() -> tuple[Any, Any] | None:
+    """Return (tf_stack, _tf_stack) if they look as expected."""
     tf_stack = sys.modules.get("tensorflow.python.util.tf_stack")
     if tf_stack is None:
         return None
     native = getattr(tf_stack, "_tf_stack", None)
-    try:
-        from tensorflow.core.framework import graph_debug_info_pb2
-    except ImportError:
-        return None
     needed = ("_source_mapper_stacks", "_source_filter_stacks", "extract_stack")
     if native is None or not all(hasattr(tf_stack, n) for n in needed):
         return None
     if not hasattr(native, "LoadTracesFromDebugInfo"):
         return None
-    return tf_stack, native, graph_debug_info_pb2
+    return tf_stack, native
 
 
-def _frames(stacklevel: int, source_map: Any, filtered: Any) -> list[tuple[str, int, str]]:
-    """Return (file, line, function) outermost first, as TensorFlow's capture would."""
-    frames: list[tuple[str, int, str]] = []
-    frame = sys._getframe(2)  # skip _frames and the extract_stack replacement's caller frame
+def _key(frame: Any, drop: int, source_map: Any, filtered: Any) -> list[object]:
+    """Return one entry per frame TensorFlow keeps, innermost first, without line numbers.
+
+    TensorFlow drops filtered files, then the ``drop`` innermost frames left. A line follows
+    from the code's first line, line table and last instruction, so those stand in for it;
+    frames in a source-mapped file are mapped here (the result is the entry).
+    """
+    mapped_files = _mapped_files(source_map)
+    out: list[object] = []
+    append = out.append
     while frame is not None:
         code = frame.f_code
-        filename, lineno = code.co_filename, frame.f_lineno or 0
-        if filename not in filtered:
-            mapped = source_map.get((filename, lineno)) if source_map else None
-            frames.append(mapped if mapped else (filename, lineno, code.co_name))
-        frame = frame.f_back  # type: ignore[assignment]
-    frames.reverse()
-    drop = max(stacklevel - 1, 0)  # our own frame is not in the list
-    return frames[: len(frames) - drop] if drop else frames
+        filename = code.co_filename
+        if filename in filtered:
+            pass
+        elif filename in mapped_files:
+            append(_frame(frame, source_map))
+        else:
+            append((filename, code.co_name, code.co_firstlineno, code.co_linetable, frame.f_lasti))
+        frame = frame.f_back
+    return out[drop:] if drop else out
 
 
-def _make_extract_stack(tf_stack: Any, native: Any, pb2: Any) -> Callable[..., Any]:
+def _frame(frame: Any, source_map: Any) -> tuple[str, int, str]:
+    """Return the (file, line, function) TensorFlow records for ``frame``."""
+    code, lineno = frame.f_code, frame.f_lineno or 0
+    mapped = source_map.get((code.co_filename, lineno)) if source_map else None
+    return mapped or (code.co_filename, lineno, code.co_name)  # type: ignore[no-any-return]
+
+
+def _inner_frames(
+    frame: Any, drop: int, count: int, source_map: Any, filtered: Any
+) -> list[tuple[str, int, str]]:
+    """Return the ``count`` innermost frames ``_key`` keeps, as (file, line, function)."""
+    out: list[tuple[str, int, str]] = []
+    while frame is not None and len(out) < count:
+        if frame.f_code.co_filename not in filtered:
+            if drop:
+                drop -= 1
+            else:
+                out.append(_frame(frame, source_map))
+        frame = frame.f_back
+    return out
+
+
+def _mapped_files(source_map: Any) -> Any:
+    """Return the files ``source_map`` has lines of (remembered per map: TF builds each once)."""
+    if not source_map:
+        return _NO_FILES
+    known = _map_files.get(id(source_map))
+    if known is not None and known[0] is source_map:
+        return known[1]
+    files = frozenset(filename for filename, _ in source_map)
+    _map_files[id(source_map)] = (source_map, files)  # the map is kept, so its id stays its own
+    while len(_map_files) > MAX_MAPS:
+        _map_files.pop(next(iter(_map_files)))
+    return files
+
+
+def _make_extract_stack(tf_stack: Any, native: Any) -> Callable[..., Any]:
+    mappers, filters = tf_stack._source_mapper_stacks, tf_stack._source_filter_stacks
+    load, ident = native.LoadTracesFromDebugInfo, threading.get_ident
+
     def extract_stack(stacklevel: int = 1) -> Any:
-        key = threading.get_ident()
-        mapper = tf_stack._source_mapper_stacks[key][-1]
-        filt = tf_stack._source_filter_stacks[key][-1]
-        frames = _frames(
-            stacklevel, mapper.get_effective_source_map(), filt.get_filtered_filenames()
-        )
-        info = pb2.GraphDebugInfo()
-        index: dict[str, int] = {}
-        trace = info.traces["t"]
-        for filename, lineno, func in frames:
-            if filename not in index:
-                index[filename] = len(info.files)
-                info.files.append(filename)
-            trace.file_line_cols.add(file_index=index[filename], line=lineno, func=func or "")
-        return native.LoadTracesFromDebugInfo(info.SerializeToString())["t"]
+        thread = ident()
+        source_map = mappers[thread][-1].get_effective_source_map()
+        filtered = filters[thread][-1].get_filtered_filenames()
+        # TensorFlow's own capture starts in its extract_stack; ours is not on the stack.
+        caller, drop = sys._getframe(1), max(stacklevel - 1, 0)
+        scope = (source_map, filtered)
+        key = _key(caller, drop, *scope)
+        node, missing = tracetree.find(key)
+        if missing == 0 and node.trace is not None:
+            return node.trace
+        try:
+            leaf, pieces = tracetree.grow(
+                key, missing, lambda: _inner_frames(caller, drop, missing, *scope)
+            )
+        except KeyError:  # another thread reset the tree meanwhile: add the whole stack
+            leaf, pieces = tracetree.grow(
+                key, len(key), lambda: _inner_frames(caller, drop, len(key), *scope)
+            )
+        leaf.trace = load(tracetree.encode(leaf, pieces))["t"][:]  # [:]: keeps user frames
+        return leaf.trace
 
     return extract_stack
+
+
+def clear_cache() -> int:
+    """Forget the remembered traces (ops keep theirs); return how many frames were kept."""
+    _map_files.clear()
+    return tracetree.clear()
 
 
 def install() -> str | None:
@@ -82,19 +150,20 @@ def install() -> str | None:
     found = _modules()
     if found is None:
         return "TensorFlow's tf_stack internals not found; op stack traces left as they are"
-    tf_stack, native, pb2 = found
+    tf_stack, native = found
     _original = tf_stack.extract_stack
-    tf_stack.extract_stack = _make_extract_stack(tf_stack, native, pb2)
+    tf_stack.extract_stack = _make_extract_stack(tf_stack, native)
     return None
 
 
 def uninstall() -> None:
-    """Restore TensorFlow's own capture."""
+    """Restore TensorFlow's own capture and forget the remembered traces."""
     global _original
     tf_stack = sys.modules.get("tensorflow.python.util.tf_stack")
     if _original is not None and tf_stack is not None:
         setattr(tf_stack, "extract_stack", _original)  # noqa: B010
     _original = None
+    clear_cache()
 
 
 def installed() -> bool:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from kerasmagic import tfstack  # noqa: E402
+from kerasmagic import tfstack, tracetree  # noqa: E402
 from kerasmagic.probes.graph import custom_gradient_count  # noqa: E402
 from kerasmagic.tfpurge import purge_custom_gradients  # noqa: E402
 
@@ -86,6 +87,88 @@ def test_user_frames_in_tf_error_messages_survive() -> None:
     with pytest.raises(Exception, match="reshape") as err:
         bad(tf.ones([3]))
     assert "test_tf_internals.py" in str(err.value) or "bad" in str(err.value)
+
+
+def _graph_traces(depth: int) -> list[list[tuple[str, int, str]]]:
+    """Build a TF1 graph from ``depth`` extra frames: ops on distinct lines, then a loop."""
+    if depth:
+        return _graph_traces(depth - 1)
+    with tf.Graph().as_default() as graph:
+        v = tf.constant([1.0, 2.0])
+        v = tf.nn.relu(v * 2.0)  # distinct lines: distinct stacks
+        w = tf.reduce_sum(v)
+        for _ in range(3):  # one line, three ops: the same stack again (remembered)
+            w = tf.add(w, 1.0)
+    return [_frames(op.traceback) for op in graph.get_operations()]
+
+
+def _both(make: Callable[[], object]) -> tuple[object, object]:
+    """Return ``make()`` under TensorFlow's capture, then under kerasmagic's (cold)."""
+    was_installed, out = tfstack.installed(), []
+    for patched in (False, True):  # one call site, so the frames above are identical
+        tfstack.uninstall()
+        assert not patched or tfstack.install() is None
+        out.append(make())
+    if not was_installed:
+        tfstack.uninstall()
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("depth", [0, 40])
+def test_graph_mode_traces_match_tensorflows_own(depth: int) -> None:
+    native, ours = _both(lambda: _graph_traces(depth))
+    assert ours == native and len(native) >= 8  # type: ignore[arg-type]
+    users = [[f for f in t if f[2] == "_graph_traces"] for t in native]  # type: ignore[union-attr]
+    assert all(len(u) == depth + 1 for u in users)  # the whole stack, not only the last frames
+
+
+def test_remembered_traces_survive_clear_and_reset_of_the_tree(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    traces = []
+    for step in range(5):
+        if step == 0:
+            tfstack.uninstall()  # TensorFlow's own, for reference
+        elif step == 1:
+            tfstack.install()
+        elif step == 3:
+            assert tfstack.clear_cache() > 0 and tfstack.clear_cache() == 0
+        else:
+            monkeypatch.setattr(tracetree, "MAX_NODES", 3)  # resets after every new stack
+        traces.append(_graph_traces(5))  # one call site for all
+    assert all(t == traces[0] for t in traces), "a remembered trace differs from TF's"
+    assert tfstack.clear_cache() < 200  # only what was added since the last reset
+
+
+def test_autograph_source_mapped_frames_match_tensorflows_own() -> None:
+    def trace() -> list[list[tuple[str, int, str]]]:
+        @tf.function  # autograph converts this, so TensorFlow maps its frames back here
+        def f(v: tf.Tensor) -> tf.Tensor:
+            if tf.reduce_sum(v) > 0:
+                v = v * 2.0
+            return tf.nn.relu(v)
+
+        graph = f.get_concrete_function(tf.TensorSpec([3])).graph
+        return [_frames(op.traceback) for op in graph.get_operations()]
+
+    native, ours = _both(trace)
+    assert ours == native
+    lines = {line for t in native for (name, line, _) in t if name == __file__}  # type: ignore[union-attr]
+    assert len(lines) >= 3  # the ops point at the user's own lines, not autograph's copy
+
+
+def test_runtime_error_names_the_users_line() -> None:
+    tfstack.install()
+
+    @tf.function(input_signature=[tf.TensorSpec([None])])
+    def bad(v: tf.Tensor) -> tf.Tensor:
+        return tf.gather(v, [10])  # fails when it runs, not when it is traced
+
+    line = bad.python_function.__code__.co_firstlineno + 2  # TF's C++ formats this message
+    with pytest.raises(tf.errors.InvalidArgumentError) as err:
+        bad(tf.ones([3]))
+    text = str(err.value)
+    assert "defined at" in text and f"line {line}, in bad" in text, text
 
 
 REPRO = """

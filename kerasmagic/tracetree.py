@@ -1,0 +1,134 @@
+"""A tree of stack frames, outermost first, for ``tfstack``: each node a frame of a stack.
+
+A node keeps its frame's ``GraphDebugInfo.FileLineCol`` bytes (its file numbered in the order
+the stack meets files, which only depends on the frames above it) and, once an op was created
+with exactly that stack, the trace TensorFlow loaded. Stacks share their outer frames, so a new
+stack adds only its new inner frames. Keys are strings, ints and line-table bytes, never code
+objects. The tree resets itself past ``MAX_NODES`` frames (~300 bytes each).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Frame = tuple[str, int, str]
+
+MAX_NODES = 30_000  # a Keras fit's ~280 stacks of ~70 frames share all but a few thousand
+
+_VARINTS = tuple(bytes((i,)) for i in range(128))
+
+
+class Node:
+    """One frame of a stack; its children are the frames it called."""
+
+    __slots__ = ("children", "files", "piece", "trace")
+
+    def __init__(self, piece: bytes, files: dict[str, int]) -> None:
+        self.children: dict[object, Node] = {}
+        self.piece = piece  # the frame's FileLineCol, as a field of StackTrace
+        self.files = files  # file -> index, for this frame and those above it
+        self.trace: Any = None  # TensorFlow's StackTrace of the stack ending here
+
+
+_root = Node(b"", {})
+_nodes = 0
+_file_fields: dict[str, bytes] = {}
+_tails: dict[object, tuple[str, bytes]] = {}
+
+
+def find(key: Sequence[object]) -> tuple[Node, int]:
+    """Return the deepest node on ``key``'s path (innermost first) and how many entries are left."""
+    node, missing = _root, len(key)
+    for entry in reversed(key):
+        child = node.children.get(entry)
+        if child is None:
+            break
+        node, missing = child, missing - 1
+    return node, missing
+
+
+def grow(
+    key: Sequence[object], missing: int, frames: Callable[[], Sequence[Frame]]
+) -> tuple[Node, list[bytes]]:
+    """Add the ``missing`` innermost entries of ``key``; ``frames()`` gives them as frames.
+
+    ``frames`` is only called if an entry is new to every stack (its line is computed then).
+    Return the node of the whole stack and the pieces of the frames on its path.
+    """
+    global _nodes
+    node, pieces = _root, []
+    for entry in reversed(key[missing:]):
+        node = node.children[entry]
+        pieces.append(node.piece)
+    for entry, (filename, tail) in zip(
+        reversed(key[:missing]), reversed(_tails_of(key[:missing], frames)), strict=True
+    ):
+        files = node.files
+        if filename not in files:
+            files = {**files, filename: len(files)}
+        piece = _field(b"\x0a", b"\x08" + _varint(files[filename]) + tail)
+        node = node.children.setdefault(entry, Node(piece, files))
+        pieces.append(node.piece)
+    _nodes += missing
+    if _nodes > MAX_NODES:
+        clear()  # the nodes in hand stay usable; later stacks start a new tree
+    return node, pieces
+
+
+def _tails_of(
+    entries: Sequence[object], frames: Callable[[], Sequence[Frame]]
+) -> list[tuple[str, bytes]]:
+    """Return each entry's file and FileLineCol line and function fields."""
+    tails = [_tails.get(entry) for entry in entries]
+    if None in tails:
+        for i, (filename, lineno, func) in enumerate(frames()):
+            if tails[i] is None:
+                tail = b"\x10" + _varint(lineno) + _field(b"\x22", _utf8(func or ""))
+                tails[i] = _tails[entries[i]] = (filename, tail)
+    return tails  # type: ignore[return-value]
+
+
+def encode(node: Node, pieces: Sequence[bytes]) -> bytes:
+    """Return a ``GraphDebugInfo`` with one trace ``"t"``: the stack ending at ``node``."""
+    entry = b"\x0a\x01t" + _field(b"\x12", b"".join(pieces))  # map entry: "t" -> StackTrace
+    return _files(node.files) + _field(b"\x12", entry)
+
+
+def clear() -> int:
+    """Drop every node; return how many there were."""
+    global _root, _nodes
+    count, _root, _nodes = _nodes, Node(b"", {}), 0
+    _file_fields.clear()
+    _tails.clear()
+    return count
+
+
+def _files(files: dict[str, int]) -> bytes:
+    out = []
+    for name in files:  # in index order: a dict keeps insertion order
+        field = _file_fields.get(name)
+        if field is None:
+            field = _file_fields[name] = _field(b"\x0a", _utf8(name))
+        out.append(field)
+    return b"".join(out)
+
+
+def _varint(value: int) -> bytes:
+    if 0 <= value < 0x80:
+        return _VARINTS[value]
+    value &= 0xFFFFFFFFFFFFFFFF  # a negative int32 takes ten bytes, two's complement
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    return tag + _varint(len(payload)) + payload
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "replace")  # protobuf strings must be valid UTF-8
