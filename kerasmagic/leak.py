@@ -42,13 +42,14 @@ Getter = Callable[["CellRecord"], "int | None"]
 SIGNALS: tuple[tuple[str, Getter, str], ...] = (
     ("rss", lambda r: r.delta.rss_bytes, "RSS"),
     ("gpu", lambda r: r.delta.gpu_used_bytes, "GPU memory"),
+    ("backend", lambda r: r.delta.backend_bytes, "the Keras backend's device memory"),
     ("custom_gradients", lambda r: r.delta.custom_gradients, "TF custom-gradient registry"),
     ("functions", lambda r: r.delta.functions, "traced TF functions"),
     ("graph_ops", lambda r: r.delta.default_graph_ops, "default-graph ops"),
     ("live_models", lambda r: r.delta.live_models, "live Keras models"),
     ("name_counter", lambda r: r.delta.name_counter, "Keras layer-name counter"),
 )
-BYTE_SIGNALS = frozenset({"rss", "gpu"})
+BYTE_SIGNALS = frozenset({"rss", "gpu", "backend"})
 
 
 def _mb(n: float) -> str:

@@ -169,3 +169,15 @@ def test_models_kept_by_a_fresh_model_cell_get_specific_advice(kip: InteractiveS
     assert verdict.growing and monitor.history()[-1].mode == "fresh"
     assert "%gpu_mem --deep" in verdict.message
     assert "Run the cell under %%fresh_model" not in verdict.message
+
+
+def test_growing_backend_allocator_is_a_leak() -> None:
+    """JAX or PyTorch device memory that climbs run after run (RSS flat) is flagged."""
+    records = []
+    for i in range(3):
+        start, end = snap(500 * MB), snap(500 * MB)
+        delta = dataclasses.replace(diff(start, end), backend_bytes=10 * MB)
+        records.append(CellRecord(i, 0.0, 0.1, start, end, delta, 0, None, "k", "fresh"))
+    verdict = LeakDetector().judge(records)
+    assert verdict.growing and verdict.what == "backend"
+    assert "device memory by 10.0 MB per run" in verdict.message
