@@ -231,6 +231,7 @@ def _reset(
 def _reset_tensorflow(patch_stack_traces: bool) -> list[str]:
     notes: list[str] = []
     reset_backend()
+    tfstack.clear_cache()  # its remembered traces name old cells' frames (strings only)
     if patch_stack_traces and "tensorflow" in sys.modules:
         why = tfstack.install()
         if why:
