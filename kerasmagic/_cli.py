@@ -30,8 +30,9 @@ It then prints, per variant, the RSS and Python objects kept per model, the medi
 time and the last layer's name (dense_89 rather than dense_2: Keras's name counter kept
 counting).
 
-With the defaults it takes about 1-2 minutes per variant on 2 CPU cores (3-6 minutes in
-all); a progress line shows where it is. Needs TensorFlow: pip install 'kerasmagic[tf]'."""
+With the defaults it takes about 1-3 minutes per variant on 2 CPU cores (3-6 minutes in
+all; Keras's own cleanup is the slowest); a progress line shows where it is.
+Needs TensorFlow: pip install 'kerasmagic[tf]'."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -73,27 +73,35 @@ class StepProgress:
                 self._first_s = time.monotonic() - self._start
             self.done = done
             if self.live:
-                self._draw(self.line())
+                self._draw(self.line(_columns()))
 
-    def line(self) -> str:
-        """Return the text of the progress line as it stands now."""
+    def line(self, columns: int = 80) -> str:
+        """Return the progress line as it stands now, its label shortened to fit ``columns``."""
         elapsed = time.monotonic() - self._start
         if self.done == 0:
-            return f"{self.label}  starting (importing TensorFlow)  {elapsed:.0f} s"
-        left = remaining_s(self.done, self.total, elapsed, self._first_s)
-        eta = "" if left is None else f", ~{left:.0f} s left"
-        counts = f"{self.done}/{self.total} {self.unit}"
-        return f"{self.label}  {bar(self.done, self.total)} {counts}  {elapsed:.0f} s{eta}"
+            status = f"starting (importing TensorFlow)  {elapsed:.0f} s"
+        else:
+            left = remaining_s(self.done, self.total, elapsed, self._first_s)
+            eta = "" if left is None else f", ~{left:.0f} s left"
+            counts = f"{self.done}/{self.total} {self.unit}"
+            status = f"{bar(self.done, self.total)} {counts}  {elapsed:.0f} s{eta}"
+        room = max(columns - 1 - len(status) - 2, 8)
+        label = self.label if len(self.label) <= room else self.label[: room - 3] + "..."
+        return f"{label}  {status}"
 
     def _tick(self) -> None:
         while not self._stop.wait(1.0):
             with self._lock:
-                self._draw(self.line())
+                self._draw(self.line(_columns()))
 
     def _draw(self, text: str, final: bool = False) -> None:
-        columns = shutil.get_terminal_size((80, 24)).columns - 1
-        text = text[:columns]
+        text = text[: _columns() - 1]
         pad = " " * max(0, self._width - len(text))
         self.stream.write("\r" + text + pad + ("\n" if final else ""))
         self.stream.flush()
         self._width = 0 if final else len(text)
+
+
+def _columns() -> int:
+    """Return the terminal's width (80 when it cannot be told)."""
+    return shutil.get_terminal_size((80, 24)).columns

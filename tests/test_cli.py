@@ -197,3 +197,15 @@ def test_ctrl_c_stops_the_child_and_says_interrupted() -> None:
     assert "Traceback" not in err
     assert out.endswith("[1/3] no cleanup (model reassigned): stopped\n")
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_long_label_is_shortened_to_keep_the_figures() -> None:
+    label = "[2/3] del + keras clear_session() + gc.collect()"
+    progress = StepProgress(Terminal(), label, 30)
+    progress.update(1)
+    progress.update(12)
+    line = progress.line(72)
+    assert len(line) <= 71
+    assert line.startswith("[2/3] del + ") and "...  [########" in line
+    assert line.endswith(" s left") and "12/30 models" in line
+    assert progress.line(200).startswith(label + "  [########")
