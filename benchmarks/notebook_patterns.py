@@ -39,7 +39,7 @@ RESULTS = Path(__file__).parent / "results"
 SETUP = """
 import os, numpy as np, keras, tensorflow as tf
 from tensorflow.python.eager import context
-from kerasmagic.probes.graph import custom_gradient_count
+from kerasmagic.backends.tensorflow.graph import custom_gradient_count
 rng = np.random.default_rng(0)
 x = rng.random(({samples}, 100), dtype=np.float32); y = rng.integers(0, 10, {samples})
 """

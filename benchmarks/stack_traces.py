@@ -28,8 +28,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
 import tensorflow as tf
 
-from kerasmagic import tfstack
-from kerasmagic.cellrun import PADDING_FRAMES, run_padded
+from kerasmagic.backends.tensorflow import stack as tfstack
+from kerasmagic.cleanup.cellrun import PADDING_FRAMES, run_padded
 
 RESULTS = Path(__file__).parent / "results"
 OPS = ("tf.raw_ops.AddV2(x=v, y=v)", "tf.raw_ops.Mul(x=v, y=v)", "tf.raw_ops.Relu(features=v)")

@@ -14,7 +14,7 @@ from kerasmagic._version import __version__
 
 if TYPE_CHECKING:
     from kerasmagic.cleanup import CleanupReport, fresh, reset
-    from kerasmagic.holders import live_models
+    from kerasmagic.cleanup.holders import live_models
     from kerasmagic.isolate.api import isolated, run_isolated, sweep
     from kerasmagic.live import history
     from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
@@ -29,7 +29,7 @@ _LAZY = {
     "run_isolated": "kerasmagic.isolate.api",
     "isolated": "kerasmagic.isolate.api",
     "sweep": "kerasmagic.isolate.api",
-    "live_models": "kerasmagic.holders",
+    "live_models": "kerasmagic.cleanup.holders",
     "history": "kerasmagic.live",
 }
 

@@ -10,9 +10,13 @@ import importlib
 import sys
 from typing import Any
 
-from kerasmagic import tfstack
+from kerasmagic.backends.tensorflow import stack as tfstack
 
-PARTS: tuple[str, ...] = ("kerasmagic.live", "kerasmagic.comm", "kerasmagic.cellawait")
+PARTS: tuple[str, ...] = (
+    "kerasmagic.live",
+    "kerasmagic.views.comm",
+    "kerasmagic.cleanup.cellawait",
+)
 _loaded: dict[int, Any] = {}  # id(shell) -> KerasMagics instance
 
 

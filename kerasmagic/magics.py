@@ -12,15 +12,16 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from traitlets import Bool
 
-from kerasmagic import cellrun
-from kerasmagic.cellcode import compile_cell
-from kerasmagic.cleanup import last_report, reset
-from kerasmagic.holders import live_models
+from kerasmagic.backends.tensorflow.alloc import reset_peaks
+from kerasmagic.backends.tensorflow.config import configure_gpus
+from kerasmagic.cleanup import cellrun, last_report, reset
+from kerasmagic.cleanup.cellcode import compile_cell
+from kerasmagic.cleanup.holders import live_models
 from kerasmagic.magicargs import keep_names, megabytes, parse_line
 from kerasmagic.probes import read_ram
-from kerasmagic.probes.tf_alloc import reset_peaks
 from kerasmagic.probes.variables import largest_variables
-from kerasmagic.render import (
+from kerasmagic.snapshot import take_snapshot
+from kerasmagic.views.render import (
     Table,
     fmt_bytes,
     freed_row,
@@ -28,8 +29,6 @@ from kerasmagic.render import (
     snapshot_rows,
     variable_rows,
 )
-from kerasmagic.snapshot import take_snapshot
-from kerasmagic.tfconfig import configure_gpus
 
 ISOLATE_FLAGS = ("inputs", "outputs", "timeout", "gpus", "on")
 
@@ -87,7 +86,7 @@ class KerasMagics(Magics):
         JAX, PyTorch; others get one line), graph size and live models."""
         args = parse_line(self.gpu_mem, line)
         if args.live or args.history or args.plot:
-            from kerasmagic.liveview import show
+            from kerasmagic.views.liveview import show
 
             show(self.ip, live=args.live, history=args.history, plot=args.plot)
             return

@@ -12,19 +12,16 @@ from typing import Any
 
 from kerasmagic.backends import BackendInfo, keras_backend, read_active
 from kerasmagic.backends.tensorflow import info as tensorflow_info
+from kerasmagic.backends.tensorflow.alloc import TfDeviceMemory, TfInfo, read_tf
+from kerasmagic.backends.tensorflow.graph import GraphInfo, read_graph
 from kerasmagic.probes import (
     GpuDevice,
     GpuInfo,
-    GraphInfo,
     KerasInfo,
     RamInfo,
-    TfDeviceMemory,
-    TfInfo,
     read_gpus,
-    read_graph,
     read_keras,
     read_ram,
-    read_tf,
 )
 
 SCHEMA_VERSION = 1

@@ -16,9 +16,11 @@ import pytest
 from kerasmagic.backends import BackendDevice, BackendInfo
 from kerasmagic.backends import jax as jax_backend
 from kerasmagic.backends import torch as torch_backend
-from kerasmagic.probes import GpuInfo, GraphInfo, KerasInfo, RamInfo, TfInfo
-from kerasmagic.render import snapshot_rows
+from kerasmagic.backends.tensorflow.alloc import TfInfo
+from kerasmagic.backends.tensorflow.graph import GraphInfo
+from kerasmagic.probes import GpuInfo, KerasInfo, RamInfo
 from kerasmagic.snapshot import MemorySnapshot, diff
+from kerasmagic.views.render import snapshot_rows
 
 GB = 2**30
 
@@ -176,7 +178,7 @@ def python(code: str, **env: str) -> Any:
 
 JAX_CONFIG = """
 import json, os, sys
-from kerasmagic.tfconfig import configure_gpus
+from kerasmagic.backends.tensorflow.config import configure_gpus
 first = configure_gpus(growth=True)
 imported = "jax" in sys.modules
 preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE")

@@ -114,7 +114,7 @@ def test_jax_kernel_stays_flat_and_shows_jax(kernel: Kernel) -> None:
     data = json.loads(late[late.index("{") :])
     assert data["keras_backend"] == "jax" and data["backends"][0]["name"] == "jax"
     widget = kernel.run(
-        "from kerasmagic.widget import LiveWidget\nfrom kerasmagic.live import get_monitor\n"
+        "from kerasmagic.views.widget import LiveWidget\nfrom kerasmagic.live import get_monitor\n"
         "w = LiveWidget(get_monitor(get_ipython()))\nprint(w.backend, '|', w.children[1].value)"
     )
     assert (

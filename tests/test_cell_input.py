@@ -19,8 +19,8 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 from jupyter_client.manager import start_new_kernel
 
-from kerasmagic.cellawait import AwaitTransformer
-from kerasmagic.cellparse import rebound_names
+from kerasmagic.cleanup.cellawait import AwaitTransformer
+from kerasmagic.cleanup.cellparse import rebound_names
 from kerasmagic.magicargs import parse_line
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -23,9 +23,9 @@ from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 from tornado.ioloop import IOLoop
 
-from kerasmagic.comm import MAX_ID_CHARS, MIN_PUSH_INTERVAL_S, PROTOCOL, TARGET, Sidebar
 from kerasmagic.live import get_monitor
 from kerasmagic.snapshot import SCHEMA_VERSION, MemorySnapshot
+from kerasmagic.views.comm import MAX_ID_CHARS, MIN_PUSH_INTERVAL_S, PROTOCOL, TARGET, Sidebar
 
 
 class RecordingComm(BaseComm):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kerasmagic.cellparse import rebound_names
+from kerasmagic.cleanup.cellparse import rebound_names
 from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
 
 
@@ -83,3 +83,12 @@ def test_fast_model_count_agrees_with_the_path_walk() -> None:
         "numbers": list(range(10_000)),
     }
     assert count_models(ns) == len(namespace_models(ns)) == 4
+
+
+def test_counts_read_as_english() -> None:
+    from kerasmagic.views.render import _opt
+
+    assert _opt(1, "live models in the namespace") == "1 live model in the namespace"
+    assert _opt(3, "live models in the namespace") == "3 live models in the namespace"
+    assert _opt(1, "auto-named layers (name counter)") == "1 auto-named layer (name counter)"
+    assert _opt(None, "traced functions") is None

@@ -53,7 +53,31 @@ def test_example_runs(path: Path) -> None:
         notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": path.parent}}
     )
     client.execute(env=user_kernel_env())
-    assert tf_log_lines(notebook) == []
+    assert without_cuda_notice(tf_log_lines(notebook)) == []
+
+
+ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog()"
+
+
+def without_cuda_notice(lines: list[str]) -> list[str]:
+    """Drop the one notice no setting hides: the full ``tensorflow`` wheel on a machine without
+    a GPU says "Could not find cuda drivers" at import (with absl's preamble before it). The
+    README tells users about it; every other line (oneDNN, cpu_feature_guard) must be gone."""
+    rest = [line for line in lines if "cudart_stub.cc" not in line]
+    if len(rest) < len(lines):
+        rest = [line for line in rest if not line.startswith(ABSL_PREAMBLE)]
+    return rest
+
+
+def test_only_the_cuda_notice_is_tolerated() -> None:
+    cuda = "I0000 00:00:1796103603.055699   22546 cudart_stub.cc:31] Could not find cuda drivers"
+    one_dnn = "I0000 00:00:1796100018.076852   17285 port.cc:153] oneDNN custom operations are on."
+    assert without_cuda_notice([ABSL_PREAMBLE + " ...", cuda]) == []
+    assert without_cuda_notice([ABSL_PREAMBLE + " ...", one_dnn]) == [
+        ABSL_PREAMBLE + " ...",
+        one_dnn,
+    ]
+    assert without_cuda_notice([ABSL_PREAMBLE, cuda, one_dnn]) == [one_dnn]
 
 
 def test_the_log_check_sees_tensorflows_lines() -> None:

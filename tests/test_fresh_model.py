@@ -11,7 +11,7 @@ from conftest import run
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from kerasmagic.probes.graph import custom_gradient_count
+from kerasmagic.backends.tensorflow.graph import custom_gradient_count
 
 
 def ref_to(shell: InteractiveShell, expr: str) -> weakref.ref[object]:

@@ -21,7 +21,7 @@ def test_table_without_gpu(kip: InteractiveShell, capsys: pytest.CaptureFixture[
     assert f"kernel pid {os.getpid()}" in out
     assert "GPU" in out and ("no NVIDIA driver" in out or "no GPU" in out)
     assert "no GPU allocator (CPU only)" in out
-    assert "1 live models in the namespace" in out
+    assert "1 live model in the namespace" in out
 
 
 def test_json_is_the_snapshot(kip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
@@ -68,8 +68,8 @@ def test_deep_scan_finds_a_traceback_holder(
 
 
 def test_html_in_a_notebook(kip: InteractiveShell) -> None:
-    from kerasmagic.render import Table, snapshot_rows
     from kerasmagic.snapshot import take_snapshot
+    from kerasmagic.views.render import Table, snapshot_rows
 
     html = Table("t", snapshot_rows(take_snapshot(kip.user_ns)))._repr_html_()
     assert html.startswith("<table") and "<th style='text-align:left'>RAM</th>" in html

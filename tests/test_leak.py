@@ -10,9 +10,11 @@ from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from kerasmagic.leak import LeakDetector
+from kerasmagic.backends.tensorflow.alloc import TfInfo
+from kerasmagic.backends.tensorflow.graph import GraphInfo
 from kerasmagic.live import CellRecord, get_monitor
-from kerasmagic.probes import GpuInfo, GraphInfo, KerasInfo, RamInfo, TfInfo
+from kerasmagic.live.leak import LeakDetector
+from kerasmagic.probes import GpuInfo, KerasInfo, RamInfo
 from kerasmagic.snapshot import MemorySnapshot, diff
 
 MB = 2**20

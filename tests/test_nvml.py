@@ -25,8 +25,8 @@ from fake_nvml import (
 from IPython.core.interactiveshell import InteractiveShell
 
 from kerasmagic.probes import nvml
-from kerasmagic.render import snapshot_rows
 from kerasmagic.snapshot import MemorySnapshot, take_snapshot
+from kerasmagic.views.render import snapshot_rows
 
 GB = 1024**3
 

@@ -14,9 +14,10 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from kerasmagic import tfstack, tracetree  # noqa: E402
-from kerasmagic.probes.graph import custom_gradient_count  # noqa: E402
-from kerasmagic.tfpurge import purge_custom_gradients  # noqa: E402
+from kerasmagic.backends.tensorflow import stack as tfstack  # noqa: E402
+from kerasmagic.backends.tensorflow import tracetree  # noqa: E402
+from kerasmagic.backends.tensorflow.graph import custom_gradient_count  # noqa: E402
+from kerasmagic.backends.tensorflow.purge import purge_custom_gradients  # noqa: E402
 
 X = np.random.default_rng(0).random((64, 4), dtype=np.float32)
 Y = np.random.default_rng(1).integers(0, 2, 64)
@@ -174,7 +175,8 @@ def test_runtime_error_names_the_users_line() -> None:
 REPRO = """
 import sys, numpy as np, keras
 sys.path.insert(0, {root!r})
-from kerasmagic import reset, tfstack
+from kerasmagic import reset
+from kerasmagic.backends.tensorflow import stack as tfstack
 x = np.random.rand(128, 8).astype('float32'); y = np.random.randint(0, 2, 128)
 SRC = (
     "m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(2)])\\n"

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from kerasmagic.probes.graph import custom_gradient_count
-from kerasmagic.tftraces import clear_stale_traces
+from kerasmagic.backends.tensorflow.graph import custom_gradient_count
+from kerasmagic.backends.tensorflow.traces import clear_stale_traces
 from tests.conftest import run
 
 STEP = """

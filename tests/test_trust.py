@@ -17,7 +17,8 @@ import pytest
 from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 
-import kerasmagic.live as live_module
+import kerasmagic.live.monitor as live_module
+from kerasmagic.live import get_monitor
 
 
 def _models(shell: InteractiveShell, expr: str) -> list[Any]:
@@ -136,7 +137,7 @@ def test_dead_proxy_in_a_stored_traceback(kip: InteractiveShell, capsys: Any) ->
 
 
 def test_hook_failure_is_one_line_once(ip: InteractiveShell, caplog: Any) -> None:
-    monitor = live_module.get_monitor(ip)
+    monitor = get_monitor(ip)
     assert monitor is not None
 
     def broken(*args: Any, **kwargs: Any) -> Any:
@@ -200,7 +201,7 @@ def test_ctrl_c_in_the_pre_cell_hook_stops_that_cell(ip: InteractiveShell, capsy
 
 
 def test_ctrl_c_in_the_post_cell_hook(ip: InteractiveShell, capsys: Any) -> None:
-    monitor = live_module.get_monitor(ip)
+    monitor = get_monitor(ip)
     assert monitor is not None
     original = live_module.take_snapshot
     live_module.take_snapshot = _interrupting(original)  # type: ignore[assignment]

@@ -1,25 +1,21 @@
 """Pure, typed memory probes: each returns a frozen dataclass and never raises for "absent".
 
-No probe imports IPython, TensorFlow or NVML at import time.
+What is measured whatever the backend: this process's RAM, NVML's GPUs, Keras's state (and
+the namespace's largest data). Backend internals (TensorFlow's allocator and graphs, JAX,
+PyTorch) are in ``kerasmagic.backends``. No probe imports IPython, TensorFlow or NVML at
+import time.
 """
 
-from kerasmagic.probes.graph import GraphInfo, read_graph
 from kerasmagic.probes.keras_state import KerasInfo, read_keras
 from kerasmagic.probes.nvml import GpuDevice, GpuInfo, read_gpus
 from kerasmagic.probes.ram import RamInfo, read_ram
-from kerasmagic.probes.tf_alloc import TfDeviceMemory, TfInfo, read_tf
 
 __all__ = [
     "GpuDevice",
     "GpuInfo",
-    "GraphInfo",
     "KerasInfo",
     "RamInfo",
-    "TfDeviceMemory",
-    "TfInfo",
     "read_gpus",
-    "read_graph",
     "read_keras",
     "read_ram",
-    "read_tf",
 ]

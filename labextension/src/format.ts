@@ -1,4 +1,4 @@
-/** Number formatting shared by the panel and the status bar (as kerasmagic/render.py). */
+/** Number formatting shared by the panel and the status bar (as kerasmagic/views/render.py). */
 
 /** Return `n` bytes as a short human figure (`1.2 GB`); `n/a` for null. */
 export function formatBytes(n: number | null): string {

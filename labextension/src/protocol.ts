@@ -68,7 +68,7 @@ export interface ISnapshot {
   keras: IKerasInfo;
 }
 
-/** `CellRecord.to_dict()` from kerasmagic/live.py. */
+/** `CellRecord.to_dict()` from kerasmagic/live/monitor.py. */
 export interface ICellRecord {
   execution_count: number;
   started_s: number;
@@ -90,7 +90,7 @@ export interface ILeakVerdict {
   freed_since?: boolean;
 }
 
-/** `CleanupReport.to_dict()` from kerasmagic/cleanup.py. */
+/** `CleanupReport.to_dict()` from kerasmagic/cleanup/__init__.py. */
 export interface ICleanupReport {
   dropped: string[];
   kept: string[];

@@ -157,15 +157,18 @@ def _wait_for_http(url: str, server: subprocess.Popen[Any], log: Path) -> None:
     raise TimeoutError(f"jupyter did not answer at {url}:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="session")
+# Package scope: Playwright's sync API keeps an event loop running in the main thread while it
+# is open, which breaks every later test that runs a loop (top-level await, comms) in the same
+# pytest session; it stops when the browser tests end.
+@pytest.fixture(scope="package")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One JupyterLab for the session."""
+    """One JupyterLab for the browser tests."""
     require(missing())
     with serve(tmp_path_factory.mktemp("lab")) as server:
         yield server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     """Headless Debian Chromium, driven by Python Playwright."""
     require(missing())

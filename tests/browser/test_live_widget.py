@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kerasmagic.render import fmt_bytes
+from kerasmagic.views.render import fmt_bytes
 
 from .conftest import (
     MB,
@@ -108,7 +108,9 @@ def test_live_widget_renders_and_follows_rss_in_jupyterlab(lab: Server, page: An
     assert low_contrast(page, [".kerasmagic-live"]) == [], low_contrast(page, [".kerasmagic-live"])
     try:
         set_theme(page, "JupyterLab Dark")
-        assert low_contrast(page, [".kerasmagic-live"]) == [], low_contrast(page, [".kerasmagic-live"])
+        assert low_contrast(page, [".kerasmagic-live"]) == [], low_contrast(
+            page, [".kerasmagic-live"]
+        )
         if shots:
             output.screenshot(path=str(Path(shots) / "live_widget_dark.png"))
     finally:

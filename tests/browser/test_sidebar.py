@@ -38,7 +38,7 @@ CELLS = [
     "def train():\n    data = np.ones(300 * 2**20 // 8)  # 300 MB the traceback keeps alive\n"
     "    model = small()\n    raise RuntimeError('diverged')\ntrain()",
     # A kernel that never answers "Free memory" (as one whose cleanup hung would).
-    "import kerasmagic.comm\nfor s in kerasmagic.comm._sidebars.values():\n"
+    "import kerasmagic.views.comm\nfor s in kerasmagic.views.comm._sidebars.values():\n"
     "    s._request_free = lambda comm, rid: None",
 ]
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kerasmagic.backends.tensorflow.traced import estimate_bytes, traced_ops
+from kerasmagic.cleanup.tracebacks import frame_locals, stored_tracebacks
 from kerasmagic.probes.keras_state import (
     callback_types,
     is_a,
@@ -21,8 +23,6 @@ from kerasmagic.probes.keras_state import (
     scan_order,
     walk,
 )
-from kerasmagic.probes.traced import estimate_bytes, traced_ops
-from kerasmagic.tracebacks import frame_locals, stored_tracebacks
 
 
 @dataclass(frozen=True)

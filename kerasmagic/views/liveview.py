@@ -10,9 +10,9 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.display import Image, display
 
-from kerasmagic.leak import LeakVerdict
 from kerasmagic.live import CellRecord, LiveMonitor, get_monitor
-from kerasmagic.render import Table, fmt_bytes
+from kerasmagic.live.leak import LeakVerdict
+from kerasmagic.views.render import Table, fmt_bytes
 
 PLOT_MISSING = "kerasmagic: --plot needs matplotlib: pip install 'kerasmagic[plot]'"
 
@@ -92,7 +92,7 @@ class LinePrinter:
 def start_live(shell: Any, monitor: LiveMonitor) -> Any:
     """Display the widget in a kernel, else print one line per cell from now on."""
     if getattr(shell, "kernel", None) is not None:
-        from kerasmagic.widget import LiveWidget
+        from kerasmagic.views.widget import LiveWidget
 
         widget = LiveWidget(monitor)
         old = monitor.attach("widget", widget)

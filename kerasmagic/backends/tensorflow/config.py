@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-from kerasmagic.probes.tf_alloc import runtime_initialized
+from kerasmagic.backends.tensorflow.alloc import runtime_initialized
 
 TOO_LATE = (
     "too late: TensorFlow has already initialised its GPUs in this kernel. Restart the kernel "

@@ -11,7 +11,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from kerasmagic.probes import GpuInfo, RamInfo, TfInfo, read_gpus, read_ram, read_tf
+from kerasmagic.backends.tensorflow.alloc import TfInfo, read_tf
+from kerasmagic.probes import GpuInfo, RamInfo, read_gpus, read_ram
 
 log = logging.getLogger(__name__)
 OnSample = Callable[[RamInfo, GpuInfo, TfInfo], None]

@@ -14,11 +14,11 @@ from typing import Any
 import ipywidgets as widgets
 from traitlets import Bool, Int, List, Unicode
 
-from kerasmagic.leak import LeakVerdict
 from kerasmagic.live import CellRecord, LiveMonitor
-from kerasmagic.render import fmt_bytes
+from kerasmagic.live.leak import LeakVerdict
 from kerasmagic.snapshot import MemorySnapshot
-from kerasmagic.svg import bar_html, sparkline_svg
+from kerasmagic.views.render import fmt_bytes
+from kerasmagic.views.svg import bar_html, sparkline_svg
 
 SPARK_CELLS = 50
 # JupyterLab's theme variables (light, dark, high contrast); the fallbacks serve other frontends.

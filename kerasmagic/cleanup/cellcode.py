@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
-from kerasmagic.cellparse import assigned_in, rebound_in
+from kerasmagic.cleanup.cellparse import assigned_in, rebound_in
 
 MAX_CELLS = 256
 
@@ -31,7 +31,7 @@ class CompiledCell:
     body: CodeType
     last: CodeType | None
     filename: str
-    rebound: frozenset[str]  # see kerasmagic.cellparse for the rule
+    rebound: frozenset[str]  # see kerasmagic.cleanup.cellparse for the rule
     assigned: frozenset[str]
     silenced: bool  # the last expression ends with ";": show no Out, as in a plain cell
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kerasmagic.probes.graph import CUSTOM_GRADIENT_PREFIX, gradient_registry
+from kerasmagic.backends.tensorflow.graph import CUSTOM_GRADIENT_PREFIX, gradient_registry
 
 _PARKED = "_kerasmagic_parked_gradients"  # attribute on a graph: {name: registry entry}
 _SEARCH_DEPTH = 4

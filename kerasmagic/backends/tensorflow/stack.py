@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kerasmagic import tracetree
+from kerasmagic.backends.tensorflow import tracetree
 
 MAX_MAPS = 64  # source maps whose files are remembered (autograph builds one per function)
 

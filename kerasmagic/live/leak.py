@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 from traitlets import Float, Int
 from traitlets.config import Configurable
 
-from kerasmagic.advice import FRESH_REMEDY, SLOWDOWN, remedy, slowdown
+from kerasmagic.live.advice import FRESH_REMEDY, SLOWDOWN, remedy, slowdown
 
 if TYPE_CHECKING:
-    from kerasmagic.record import CellRecord
+    from kerasmagic.live.record import CellRecord
 
 REMEDY = FRESH_REMEDY  # what a plain cell is told
 

@@ -1,8 +1,8 @@
 """The kernel side of the JupyterLab sidebar: a ``kerasmagic`` comm target (docs/protocol.md).
 
 The frontend opens a comm and asks for a snapshot, the history or a cleanup; the kernel pushes
-the live monitor's samples and cell records. Requests are validated by ``kerasmagic.commproto``
-and everything is sent through ``kerasmagic.commsend`` so it stays on the comm's subshell.
+the live monitor's samples and cell records. Requests are validated by ``commproto`` and
+everything is sent through ``commsend`` so it stays on the comm's subshell.
 """
 
 from __future__ import annotations
@@ -17,11 +17,19 @@ import comm as comm_pkg
 
 from kerasmagic._version import __version__
 from kerasmagic.cleanup import CleanupReport, reset
-from kerasmagic.commproto import MAX_ID_CHARS, PROTOCOL, REQUESTS, check, clip, message, request_id
-from kerasmagic.commsend import send
 from kerasmagic.live import LiveMonitor, get_monitor
-from kerasmagic.record import CellRecord
+from kerasmagic.live.record import CellRecord
 from kerasmagic.snapshot import MemorySnapshot, take_snapshot
+from kerasmagic.views.commproto import (
+    MAX_ID_CHARS,
+    PROTOCOL,
+    REQUESTS,
+    check,
+    clip,
+    message,
+    request_id,
+)
+from kerasmagic.views.commsend import send
 
 log = logging.getLogger(__name__)
 TARGET = "kerasmagic"

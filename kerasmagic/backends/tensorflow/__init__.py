@@ -1,7 +1,9 @@
 """TensorFlow, through the existing probes: allocator per GPU, graph and function caches.
 
-A thin adapter: the TensorFlow internals stay in ``probes/tf_alloc.py``, ``probes/graph.py``,
-``tfconfig.py``, ``tfpurge.py`` and ``tfstack.py``.
+The TensorFlow internals live beside this module: ``alloc`` (allocator per GPU), ``graph``
+(default graph, gradient registry, function library), ``config`` (growth / memory cap),
+``purge`` (custom-gradient registry), ``traces`` (tf.function traces of dropped models),
+``stack`` + ``tracetree`` (string op stack traces) and ``traced`` (a model's traced graphs).
 """
 
 from __future__ import annotations
@@ -9,9 +11,9 @@ from __future__ import annotations
 import sys
 
 from kerasmagic.backends import Backend, BackendDevice, BackendInfo, keras_backend
-from kerasmagic.probes.graph import GraphInfo, read_graph
-from kerasmagic.probes.tf_alloc import TfInfo, read_tf, tf_context
-from kerasmagic.probes.tf_alloc import reset_tf_peaks as reset_peaks
+from kerasmagic.backends.tensorflow.alloc import TfInfo, read_tf, tf_context
+from kerasmagic.backends.tensorflow.alloc import reset_tf_peaks as reset_peaks
+from kerasmagic.backends.tensorflow.graph import GraphInfo, read_graph
 
 
 def in_use() -> bool:
@@ -53,7 +55,7 @@ def reset() -> list[str]:
 
 def configure(growth: bool, limit_mb: int | None) -> str:
     """Memory growth or a cap per GPU, before TensorFlow starts its devices."""
-    from kerasmagic.tfconfig import configure_tensorflow
+    from kerasmagic.backends.tensorflow.config import configure_tensorflow
 
     return configure_tensorflow(growth, limit_mb)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from kerasmagic.probes.tf_alloc import runtime_initialized, tf_context
+from kerasmagic.backends.tensorflow.alloc import runtime_initialized, tf_context
 
 CUSTOM_GRADIENT_PREFIX = "CustomGradient-"
 

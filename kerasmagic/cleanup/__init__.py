@@ -18,13 +18,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from kerasmagic import tfstack
-from kerasmagic.holders import namespace_paths, referrer_kinds
-from kerasmagic.interrupts import held_interrupts
-from kerasmagic.probes import read_ram, read_tf
-from kerasmagic.stale import plan_cleanup
-from kerasmagic.tfpurge import PurgeResult, purge_custom_gradients
-from kerasmagic.tftraces import clear_stale_traces
+from kerasmagic.backends.tensorflow import stack as tfstack
+from kerasmagic.backends.tensorflow.alloc import read_tf
+from kerasmagic.backends.tensorflow.purge import PurgeResult, purge_custom_gradients
+from kerasmagic.backends.tensorflow.traces import clear_stale_traces
+from kerasmagic.cleanup.holders import namespace_paths, referrer_kinds
+from kerasmagic.cleanup.interrupts import held_interrupts
+from kerasmagic.cleanup.stale import plan_cleanup
+from kerasmagic.probes import read_ram
 
 MB = 1024 * 1024
 

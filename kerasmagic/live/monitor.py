@@ -1,4 +1,4 @@
-"""Between-cell memory records, a background peak sampler, and subscribers (widget, sidebar).
+"""The live monitor: between-cell records, a background peak sampler, subscribers (views).
 
 ``pre_run_cell``/``post_run_cell`` take a cheap snapshot on the main thread (no gc scan, no
 function-library listing, no TF import). The sampler thread reads only RAM, NVML and TF's
@@ -19,15 +19,19 @@ from typing import Any
 from traitlets import Float, Int
 from traitlets.config import Configurable
 
-from kerasmagic.advice import cell_mode
 from kerasmagic.backends import keras_backend, read_active
 from kerasmagic.backends.tensorflow import info as tensorflow_info
-from kerasmagic.interrupts import held_interrupts, interrupt_finished_cell, interrupt_next_cell
-from kerasmagic.leak import STABLE, LeakDetector, LeakVerdict
+from kerasmagic.backends.tensorflow.graph import custom_gradient_count, function_count
+from kerasmagic.cleanup.interrupts import (
+    held_interrupts,
+    interrupt_finished_cell,
+    interrupt_next_cell,
+)
+from kerasmagic.live.advice import cell_mode
+from kerasmagic.live.leak import STABLE, LeakDetector, LeakVerdict
+from kerasmagic.live.record import CellRecord, rusage_peak, source_hash
+from kerasmagic.live.sampler import Sampler
 from kerasmagic.probes import read_ram
-from kerasmagic.probes.graph import custom_gradient_count, function_count
-from kerasmagic.record import CellRecord, rusage_peak, source_hash
-from kerasmagic.sampler import Sampler
 from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
 
 log = logging.getLogger(__name__)
@@ -254,59 +258,3 @@ def _refreshed(base: MemorySnapshot, ram: Any, gpu: Any, tf: Any) -> MemorySnaps
         keras_backend=keras_backend(),
         backends=read_active({"tensorflow": tensorflow_info(tf, graph)}),
     )
-
-
-_monitors: dict[int, LiveMonitor] = {}
-
-
-def get_monitor(shell: Any) -> LiveMonitor | None:
-    """Return the live monitor of ``shell``, or None if the extension is not loaded there."""
-    return _monitors.get(id(shell))
-
-
-def history() -> list[CellRecord]:
-    """Return the current shell's per-cell memory history (empty if the extension is off)."""
-    from IPython.core.getipython import get_ipython
-
-    monitor = get_monitor(get_ipython())
-    return monitor.history() if monitor is not None else []
-
-
-def load(shell: Any, magics: Any) -> None:
-    """Create the shell's monitor, register its hooks and start its sampler."""
-    if id(shell) in _monitors:
-        return
-    monitor = LiveMonitor(shell, parent=magics)
-    _monitors[id(shell)] = monitor
-    shell.events.register("pre_run_cell", monitor.pre_run_cell)
-    shell.events.register("post_run_cell", monitor.post_run_cell)
-    monitor.start()
-
-
-def unload(shell: Any) -> None:
-    """Unregister the hooks and stop the sampler thread."""
-    monitor = _monitors.pop(id(shell), None)
-    if monitor is None:
-        return
-    for event, fn in (
-        ("pre_run_cell", monitor.pre_run_cell),
-        ("post_run_cell", monitor.post_run_cell),
-    ):
-        try:
-            shell.events.unregister(event, fn)
-        except ValueError:
-            log.debug("kerasmagic: %s hook already removed", event)
-    monitor.stop()
-
-
-__all__ = [
-    "CellRecord",
-    "LeakVerdict",
-    "LiveMonitor",
-    "MemorySnapshot",
-    "get_monitor",
-    "history",
-    "load",
-    "source_hash",
-    "unload",
-]

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kerasmagic.cleanup.reach import reachable
+from kerasmagic.cleanup.tracebacks import clear_frames, frame_locals, stored_tracebacks
 from kerasmagic.probes.keras_state import (
     callback_model,
     callback_types,
@@ -24,8 +26,6 @@ from kerasmagic.probes.keras_state import (
     scan_order,
     walk,
 )
-from kerasmagic.reach import reachable
-from kerasmagic.tracebacks import clear_frames, frame_locals, stored_tracebacks
 
 Action = tuple[str, Callable[[], None]]
 REBOUND_DEPTH = 6  # how far into a rebound name's containers stale models are looked for

@@ -11,7 +11,7 @@ from kerasmagic.snapshot import MemorySnapshot
 
 if TYPE_CHECKING:
     from kerasmagic.cleanup import CleanupReport
-    from kerasmagic.holders import LiveModel
+    from kerasmagic.cleanup.holders import LiveModel
     from kerasmagic.probes.variables import Variable
 
 Row = tuple[str, str]
@@ -126,7 +126,18 @@ def _graph_row(snap: MemorySnapshot) -> Row:
 
 
 def _opt(n: int | None, what: str) -> str | None:
-    return None if n is None else f"{n} {what}"
+    """Return "1 live model ..." / "3 live models ...": ``what`` is written in the plural."""
+    if n is None:
+        return None
+    if n == 1:
+        noun, _, rest = what.partition(" (")
+        words = noun.split(" ")
+        for i in range(len(words) - 1, -1, -1):  # the last plural noun: "ops in the ..."
+            if words[i].endswith("s") and not words[i].endswith("ss"):
+                words[i] = words[i][:-1]
+                break
+        what = " ".join(words) + (f" ({rest}" if rest else "")
+    return f"{n} {what}"
 
 
 def snapshot_rows(snap: MemorySnapshot) -> list[Row]:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from types import CodeType
 from typing import Any
 
-from kerasmagic.cellcode import CompiledCell
+from kerasmagic.cleanup.cellcode import CompiledCell
 
 PADDING_FRAMES = 32  # deeper than the frames TensorFlow captures from an eager op
 
