@@ -2,10 +2,10 @@
 
 A real ipykernel (started with jupyter_client) holds ~1M live objects and imports Keras. Trivial
 cells (``t = i``) are sent one at a time; each is timed from the execute request to the kernel's
-"idle" status on iopub (what a notebook waits for). Three set-ups, interleaved in rounds so the
-kernel's own drift is shared: without kerasmagic, with ``%load_ext kerasmagic``, and with the
-live widget shown and a sidebar comm open. Prints the medians and what kerasmagic adds, and
-writes ``benchmarks/results/kernel_cell_cost.json``.
+"idle" status on iopub (what a notebook waits for). Three set-ups, interleaved in rounds whose
+order alternates so the kernel's own drift is shared: without kerasmagic, with
+``%load_ext kerasmagic``, and with the live widget shown and a sidebar comm open. Prints the
+medians and what kerasmagic adds, and writes ``benchmarks/results/kernel_cell_cost.json``.
 
     python benchmarks/kernel_cell_cost.py [--cells 500] [--rounds 5]
 """
@@ -93,7 +93,7 @@ def measure(kc: Any, setup: str, count: int) -> list[float]:
 def main() -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cells", type=int, default=500)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
     km, kc = start_new_kernel(kernel_name="python3", env=env)
@@ -101,8 +101,10 @@ def main() -> dict[str, Any]:
         round_trip(kc, SETUP, timeout_s=300)
         setups = ("without", "extension", "widget_and_sidebar")
         times: dict[str, list[float]] = {s: [] for s in setups}
-        for _ in range(args.rounds):
-            for setup in setups:
+        for round_ in range(args.rounds):
+            # IPython's own per-cell cost grows with its history: alternate the order (ABC CBA)
+            # so that drift is shared by every set-up instead of charged to the later ones.
+            for setup in setups if round_ % 2 == 0 else setups[::-1]:
                 times[setup] += measure(kc, setup, args.cells // args.rounds)
     finally:
         kc.stop_channels()

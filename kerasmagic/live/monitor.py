@@ -108,6 +108,10 @@ class LiveMonitor(Configurable):
 
         return unsubscribe
 
+    def runs(self, source_hash: str) -> list[CellRecord]:
+        """Return the latest runs of the cell with this source hash, oldest first."""
+        return list(self._runs_of.get(source_hash, ()))
+
     def verdict(self) -> LeakVerdict:
         """Return the leak detector's verdict on the history so far."""
         return self._verdict

@@ -223,7 +223,7 @@ class Sidebar:
         if monitor is None or not record.source_hash or not monitor.verdict().growing:
             return None
         detector = monitor.detector
-        runs = [r for r in monitor.history() if r.source_hash == record.source_hash]
+        runs = monitor.runs(record.source_hash)  # the monitor's index: not the whole history
         mine = detector.judge_runs(runs[-detector.min_runs :])
         return mine.message if mine.growing and runs[-1] is record else None
 
