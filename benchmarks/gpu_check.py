@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -120,7 +123,24 @@ def main() -> dict[str, Any]:
         "isolated_trials_wall_s": round(isolated_s, 2),
         "trial_losses": [round(v, 4) for v in losses],
         "side_by_side": side_by_side(),  # isolated first: in-process starts TF in this process
+        "gpu_tests": gpu_tests(),  # TF, JAX and PyTorch on the GPU, each backend in its own process
     }
+
+
+def gpu_tests() -> dict[str, str]:
+    """Run ``pytest -m gpu tests/test_gpu.py``; return each test's outcome (passed/failed/...)."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-m", "gpu",
+         str(root / "tests" / "test_gpu.py")],
+        capture_output=True, text=True, cwd=root,
+    )  # fmt: skip
+    outcomes = {}
+    for line in done.stdout.splitlines():
+        word, _, rest = line.partition(" ")
+        if word in ("PASSED", "FAILED", "SKIPPED", "ERROR"):
+            outcomes[rest.split(" - ")[0]] = word.lower()
+    return outcomes or {"pytest": done.stdout[-500:]}
 
 
 if __name__ == "__main__":

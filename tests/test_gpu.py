@@ -93,3 +93,65 @@ def test_gpu_mem_shows_this_kernel(
     assert data["tf"]["devices"][0]["current_bytes"] >= 2**30
     mine = data["gpu"]["devices"][0]["process_used_bytes"]
     assert mine is None or mine >= 2**30  # None: NVML lists host PIDs (containers)
+
+
+# JAX and PyTorch each in a fresh process (a process has one Keras backend; JAX's allocator
+# settings only count before it starts). Each prints one JSON line, or "skip: why".
+TORCH_GPU = """
+import json, os
+os.environ["KERAS_BACKEND"] = "torch"
+import torch
+if not torch.cuda.is_available():
+    raise SystemExit(print("skip: no CUDA build of PyTorch here"))
+import kerasmagic
+from kerasmagic.backends import get
+t = torch.ones((64, 1024, 1024), device="cuda")  # 256 MiB
+held = get("torch").read().devices[0]
+del t
+kerasmagic.reset()
+after = get("torch").read().devices[0]
+figures = [held.in_use_bytes, held.reserved_bytes, after.in_use_bytes, after.reserved_bytes]
+print(json.dumps(figures))
+"""
+
+JAX_GPU = """
+import json, os
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+import jax, jax.numpy as jnp
+if not [d for d in jax.devices() if d.platform == "gpu"]:
+    raise SystemExit(print("skip: no CUDA build of JAX here"))
+import kerasmagic
+from kerasmagic.backends import get
+a = jnp.ones((64, 1024, 1024), dtype=jnp.float32).block_until_ready()  # 256 MiB
+held = get("jax").read().devices[0].in_use_bytes
+del a
+kerasmagic.reset()
+print(json.dumps([held, get("jax").read().devices[0].in_use_bytes]))
+"""
+
+
+def _in_child(code: str) -> list[int]:
+    """Run ``code`` in a fresh Python; return its JSON figures (skip the test if it says so)."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    if done.returncode == 0 and last.startswith("skip:"):
+        pytest.skip(last)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures: list[int] = json.loads(last)
+    return figures
+
+
+def test_torch_allocator_on_gpu_and_empty_cache() -> None:
+    pytest.importorskip("torch")
+    held, reserved, after, reserved_after = _in_child(TORCH_GPU)
+    assert held >= 256 * 2**20 and reserved >= held
+    assert after < 2**20, "the tensor's memory is still allocated after the cleanup"
+    assert reserved_after < reserved, "empty_cache() did not hand the cached blocks back"
+
+
+def test_jax_allocator_on_gpu_and_freeing() -> None:
+    pytest.importorskip("jax")
+    held, after = _in_child(JAX_GPU)
+    assert held >= 256 * 2**20
+    assert after < held - 200 * 2**20
