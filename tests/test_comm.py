@@ -8,11 +8,12 @@ what it would publish on iopub instead of needing a kernel.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,6 +24,7 @@ from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 from tornado.ioloop import IOLoop
 
+from kerasmagic.cleanup.scan import DeepScan, deep_scan
 from kerasmagic.live import get_monitor
 from kerasmagic.snapshot import SCHEMA_VERSION, MemorySnapshot
 from kerasmagic.views.comm import MAX_ID_CHARS, MIN_PUSH_INTERVAL_S, PROTOCOL, TARGET, Sidebar
@@ -141,6 +143,8 @@ INVALID = [
     pytest.param({"protocol": 2, "type": "free_memory", "id": "x"}, "x", id="future-protocol"),
     pytest.param({"protocol": True, "type": "free_memory", "id": "x"}, "x", id="bool-protocol"),
     pytest.param({"protocol": 1, "type": "free_memory"}, None, id="no-id"),
+    pytest.param({"protocol": 1, "type": "scan", "id": "x", "limit": 100}, "x", id="scan-extra"),
+    pytest.param({"protocol": 1, "type": "scan", "id": ""}, None, id="scan-empty-id"),
     pytest.param({"protocol": 1, "type": "snapshot", "id": 7}, None, id="int-id"),
     pytest.param(
         {"protocol": 1, "type": "snapshot", "id": "x" * (MAX_ID_CHARS + 1)}, None, id="long-id"
@@ -333,3 +337,104 @@ def test_a_cell_message_carries_the_warning_only_for_the_cell_it_flags(
     assert other["verdict"]["growing"] is True
     assert other["warning"] is None
     assert all(c["warning"] is None for c in sidebar.sent("cell")[:2])
+
+
+def _model(reply: dict[str, Any], holder: str) -> dict[str, Any]:
+    (model,) = [m for m in reply["models"] if holder in m["holders"]]
+    return model
+
+
+def test_scan_lists_each_model_with_its_holders_and_the_largest_data(
+    manager: Manager, sidebar: RecordingComm, kip: InteractiveShell
+) -> None:
+    run(kip, "kept = build()\narr = np.ones((500, 1000))")  # 4 MB of float64
+    run(kip, "build()")  # only Out[] (and _, _N) holds this one
+    out = f"Out[{kip.execution_count - 1}]"
+    names, out_cache = set(kip.user_ns), dict(kip.user_ns["Out"])
+    send(manager, {"protocol": 1, "type": "scan", "id": "s-1"})
+    (reply,) = sidebar.sent("reply", "error")
+    assert (reply["type"], reply["id"], reply["request"]) == ("reply", "s-1", "scan")
+    hidden, named = _model(reply, out), _model(reply, "kept")
+    assert hidden["freeable"] is True
+    assert all("Free memory clears it" in r for r in hidden["remedies"])
+    assert named["freeable"] is False
+    assert named["holders"] == ["kept"]
+    assert named["remedies"] == ["del kept, or rebind it in a %%fresh_model cell"]
+    weights = (20 * 8 + 8 + 8 * 2 + 2) * 4  # float32 kernels and biases
+    assert hidden["size_bytes"] >= weights and named["size_bytes"] >= weights
+    assert hidden["type"] == "Sequential"
+    assert {"name": "arr", "type": "ndarray", "size_bytes": 4_000_000} in reply["variables"]
+    assert set(kip.user_ns) == names and dict(kip.user_ns["Out"]) == out_cache  # read-only
+
+
+@contextlib.contextmanager
+def own_sidebar(shell: InteractiveShell, manager: Manager, **seams: Any) -> Iterator[RecordingComm]:
+    """Open a comm to a ``Sidebar`` built with ``seams`` (a cleanup, a scan); close it after."""
+    sidebar = Sidebar(shell, None, get_monitor(shell), **seams)
+    manager.register_target("kerasmagic-test", sidebar.open)
+    content = {"comm_id": "own", "target_name": "kerasmagic-test", "data": HELLO}
+    manager.comm_open(None, "", {"content": content})  # type: ignore[arg-type]
+    try:
+        yield manager.created[-1]
+    finally:
+        sidebar.close()
+
+
+def test_a_failing_scan_gets_an_error_reply(shell: InteractiveShell, manager: Manager) -> None:
+    def broken(_namespace: Mapping[str, Any]) -> DeepScan:
+        raise RuntimeError("gc is gone " + BIG)
+
+    with own_sidebar(shell, manager, scan=broken) as opened:
+        send(manager, {"protocol": 1, "type": "scan", "id": "s-1"}, comm_id="own")
+        send(manager, {"protocol": 1, "type": "scan", "id": "s-2"}, comm_id="own")
+        errors = opened.sent("error", "reply")
+        assert [(e["type"], e["id"]) for e in errors] == [("error", "s-1"), ("error", "s-2")]
+        assert "scan failed: RuntimeError: gc is gone" in errors[0]["error"]
+        assert len(errors[0]["error"]) <= 500
+
+
+@pytest.fixture
+def kernel_loop(shell: InteractiveShell) -> Iterator[IOLoop]:
+    """The kernel's main event loop, as ipykernel gives the shell (``shell.kernel.io_loop``)."""
+    loop = IOLoop(make_current=False)
+    shell.kernel = SimpleNamespace(io_loop=loop)
+    try:
+        yield loop
+    finally:
+        del shell.kernel
+        loop.close()
+
+
+def test_a_scan_during_a_running_cell_is_answered_after_it(
+    shell: InteractiveShell, manager: Manager, kernel_loop: IOLoop
+) -> None:
+    """Two scans sent from the comm's thread while a cell runs: one run after it, both answered."""
+    runs = []
+
+    def counted(namespace: Mapping[str, Any]) -> DeepScan:
+        runs.append(threading.current_thread() is threading.main_thread())
+        return deep_scan(namespace)
+
+    with own_sidebar(shell, manager, scan=counted) as opened:
+
+        def from_the_comms_thread() -> None:
+            for rid in ("during-1", "during-2"):
+                request = {"protocol": 1, "type": "scan", "id": rid}
+                worker = threading.Thread(target=send, args=(manager, request, "own"))
+                worker.start()
+                worker.join()
+
+        shell.user_ns["request_scans"] = from_the_comms_thread
+        shell.user_ns["answered"] = lambda: len(opened.sent("reply", "error"))
+        run(shell, "request_scans()\nseen = answered()\nimport numpy as np\nlate = np.ones(999)")
+        assert shell.user_ns["seen"] == 0  # not answered during the cell
+        assert opened.sent("reply", "error") == []  # queued on the main loop, not dropped
+        kernel_loop.run_sync(lambda: asyncio.sleep(0.05))
+        replies = opened.sent("reply", "error")
+        assert [(r["type"], r["id"]) for r in replies] == [
+            ("reply", "during-1"),
+            ("reply", "during-2"),
+        ]
+        assert runs == [True]  # one run, on the main thread, shared by both requests
+        assert replies[0]["models"] == replies[1]["models"]
+        assert {"name": "late", "type": "ndarray", "size_bytes": 999 * 8} in replies[0]["variables"]

@@ -1,41 +1,35 @@
 """The kernel side of the JupyterLab sidebar: a ``kerasmagic`` comm target (docs/protocol.md).
 
-The frontend opens a comm and asks for a snapshot, the history or a cleanup; the kernel pushes
-the live monitor's samples and cell records. Requests are validated by ``commproto`` and
-everything is sent through ``commsend`` so it stays on the comm's subshell.
+The frontend opens a comm and asks for a snapshot, the history, a cleanup or a scan of what
+holds memory; the kernel pushes the live monitor's samples and cell records. Requests are
+validated by ``commproto``; "Free memory" and "Scan" run on the main thread between cells
+(``commjobs``); everything is sent through ``commsend`` so it stays on the comm's subshell.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import comm as comm_pkg
 
 from kerasmagic._version import __version__
 from kerasmagic.cleanup import CleanupReport, reset
+from kerasmagic.cleanup.scan import DeepScan, deep_scan
 from kerasmagic.live import LiveMonitor, get_monitor
 from kerasmagic.live.record import CellRecord
 from kerasmagic.snapshot import MemorySnapshot, take_snapshot
-from kerasmagic.views.commproto import (
-    MAX_ID_CHARS,
-    PROTOCOL,
-    REQUESTS,
-    check,
-    clip,
-    message,
-    request_id,
-)
+from kerasmagic.views.commjobs import MainThreadJob
+from kerasmagic.views.commproto import MAX_ID_CHARS, PROTOCOL, REQUESTS, check, message, request_id
 from kerasmagic.views.commsend import send
 
-log = logging.getLogger(__name__)
 TARGET = "kerasmagic"
 HISTORY_CELLS = 30  # cells sent with "state" and "history"
 MIN_PUSH_INTERVAL_S = 0.4  # at most ~2 samples a second on the wire
 Cleanup = Callable[..., CleanupReport]
+Scan = Callable[[Mapping[str, Any]], DeepScan]
 __all__ = ["MAX_ID_CHARS", "PROTOCOL", "TARGET", "Sidebar", "load", "unload"]
 
 
@@ -43,7 +37,12 @@ class Sidebar:
     """The open sidebar comms of one shell: answers their requests, pushes monitor updates."""
 
     def __init__(
-        self, shell: Any, magics: Any, monitor: LiveMonitor | None, cleanup: Cleanup = reset
+        self,
+        shell: Any,
+        magics: Any,
+        monitor: LiveMonitor | None,
+        cleanup: Cleanup = reset,
+        scan: Scan = deep_scan,
     ) -> None:
         self._shell = shell
         self._magics = magics
@@ -53,8 +52,9 @@ class Sidebar:
         self._homes: dict[str, dict[str, Any]] = {}  # comm id -> the last message it received
         self._lock = threading.Lock()
         self._last_push_s = 0.0
-        self._free_waiters: list[tuple[Any, str]] = []  # requests the pending cleanup answers
-        self._freeing = False
+        self._scan = scan
+        self._free_job = MainThreadJob("free_memory", self._free_fields, shell, self._send)
+        self._scan_job = MainThreadJob("scan", self._scan_fields, shell, self._send)
         self._freed_since = False  # a cleanup ran after the last recorded cell
         self._unsubscribe: Callable[[], None] | None = None
         if monitor is not None:
@@ -108,7 +108,9 @@ class Sidebar:
             self._send(comm, message("error", id=request_id(data), error=problem))
             return
         kind, rid = data["type"], data["id"]
-        if kind == "snapshot":
+        if kind == "scan":
+            self._scan_job.request(comm, rid)
+        elif kind == "snapshot":
             snap = self._snapshot().to_dict()
             self._send(comm, message("reply", id=rid, request=kind, snapshot=snap))
         elif kind == "history":
@@ -116,53 +118,30 @@ class Sidebar:
         else:
             self._request_free(comm, rid)
 
-    def _on_main_thread(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` now on the main thread, else queue it there (after the running cell)."""
-        loop = getattr(getattr(self._shell, "kernel", None), "io_loop", None)
-        if threading.current_thread() is threading.main_thread() or loop is None:
-            fn()
-        else:
-            loop.add_callback(fn)
-
     def _request_free(self, comm: Any, rid: str) -> None:
-        """Queue a cleanup, or join the one already queued: each request gets its result."""
-        with self._lock:
-            self._free_waiters.append((comm, rid))
-            if self._freeing:
-                return
-            self._freeing = True
-        self._on_main_thread(self._free)
-
-    def _free(self) -> None:
-        fields = self._free_fields()
-        with self._lock:
-            waiters, self._free_waiters = self._free_waiters, []
-            self._freeing = False
-        kind = "reply" if "report" in fields else "error"
-        for comm, rid in waiters:
-            self._send(comm, message(kind, id=rid, **fields))
+        """Queue a cleanup on the main thread, or join the one already queued."""
+        self._free_job.request(comm, rid)
 
     def _free_fields(self) -> dict[str, Any]:
         """Run the cleanup ``%%fresh_model`` runs before a cell, then push a full snapshot."""
         namespace = self._shell.user_ns
         patch = bool(getattr(self._magics, "patch_stack_traces", True))
-        try:
-            before = take_snapshot(namespace)
-            report = self._cleanup(namespace, shell=self._shell, patch_stack_traces=patch)
-            self._freed_since = True
-            self._last_push_s = float("-inf")  # the refresh below is pushed at once
-            after = take_snapshot(namespace) if self._monitor is None else self._monitor.refresh()
-        except Exception as exc:
-            log.exception("kerasmagic: free_memory failed")
-            return {"error": clip(f"free_memory failed: {type(exc).__name__}: {exc}")}
+        before = take_snapshot(namespace)
+        report = self._cleanup(namespace, shell=self._shell, patch_stack_traces=patch)
+        self._freed_since = True
+        self._last_push_s = float("-inf")  # the refresh below is pushed at once
+        after = take_snapshot(namespace) if self._monitor is None else self._monitor.refresh()
         return {
-            "request": "free_memory",
             "report": report.to_dict(),
             "summary": report.summary(),
             "before": before.to_dict(),
             "snapshot": after.to_dict(),
             "verdict": self._verdict(),
         }
+
+    def _scan_fields(self) -> dict[str, Any]:
+        """Find every live model, what holds it and what frees it, and the largest data."""
+        return self._scan(self._shell.user_ns).to_dict()
 
     def _snapshot(self) -> MemorySnapshot:
         """Return a fresh snapshot on the main thread; elsewhere the monitor's latest."""

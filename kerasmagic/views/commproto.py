@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 PROTOCOL = 1
-REQUESTS = ("snapshot", "history", "free_memory")
+REQUESTS = ("snapshot", "history", "free_memory", "scan")
 HELLO_FIELDS = frozenset({"protocol", "type"})
 FIELDS = frozenset({"protocol", "type", "id"})
 MAX_ID_CHARS = 64
