@@ -125,3 +125,13 @@ def test_free_requests_during_a_cell_share_one_cleanup_and_each_gets_a_reply(
     (reply, *_) = replies.values()
     assert reply["before"]["ram"]["rss_bytes"] > 0
     assert reply["verdict"]["freed_since"] is True
+
+
+def test_a_scan_sent_during_a_cell_is_answered_after_it(frontend: Frontend) -> None:
+    """A scan walks gc on the main thread: queued behind the running cell, never dropped."""
+    frontend.client.execute("import time\ntime.sleep(3)\nimport numpy as np\nlate = np.ones(999)")
+    frontend.wait(lambda d: d["type"] == "sample")  # the cell is running
+    frontend.request("scan", "during-cell")
+    _, reply = frontend.wait(lambda d: d.get("id") == "during-cell")
+    assert (reply["type"], reply["request"]) == ("reply", "scan"), reply
+    assert {"name": "late", "type": "ndarray", "size_bytes": 999 * 8} in reply["variables"]

@@ -21,6 +21,7 @@ import {
   Push
 } from './protocol';
 import { ChannelEnd, KernelChannel } from './request';
+import { IScanState, Scanner } from './scan';
 
 /** Where the sidebar stands with the active notebook's kernel. */
 export type Status =
@@ -137,6 +138,10 @@ export class MemoryModel implements IDisposable {
   get free(): IFreeState {
     return this._free;
   }
+  /** The last "What holds memory" scan and its phase. */
+  get scan(): IScanState {
+    return this._scanner.state;
+  }
   /** Samples pushed while the current cell runs (empty between cells). */
   get running(): ReadonlyArray<ILivePoint> {
     return this._running;
@@ -219,12 +224,18 @@ export class MemoryModel implements IDisposable {
         this._verdict = reply.verdict;
       }
       this._setSnapshot(reply.snapshot);
+      this._scanner.markStale();
     } catch (error) {
       if (token === this._freeToken) {
         this._failFree(error instanceof Error ? error.message : String(error));
       }
     }
     this._changed.emit();
+  }
+
+  /** Ask the kernel what holds memory (each live model, its holders; the largest data). */
+  async scanMemory(): Promise<void> {
+    await this._scanner.scan(this._channel, this.kernelStatus === 'busy');
   }
 
   /** Set the free state; a running cleanup gets a deadline, after which the button works again. */
@@ -256,6 +267,7 @@ export class MemoryModel implements IDisposable {
     }
     this._disposed = true;
     window.clearTimeout(this._freeTimer);
+    this._scanner.dispose();
     this._poll.dispose();
     this._closeChannel();
     Signal.disconnectAll(this);
@@ -278,6 +290,7 @@ export class MemoryModel implements IDisposable {
       this._freeToken++;
       this._setFree(NO_FREE);
     }
+    this._scanner.reset();
     this._connect();
   }
 
@@ -343,6 +356,7 @@ export class MemoryModel implements IDisposable {
         this._running = [];
         this._verdict = message.verdict;
         this._setSnapshot(message.cell.end);
+        this._scanner.markStale();
         this._cellRecorded.emit(message);
         break;
     }
@@ -390,13 +404,17 @@ export class MemoryModel implements IDisposable {
       if (this._free.phase === 'queued' || this._free.phase === 'running') {
         this._failFree(`the kernel is ${status}: it did not answer "Free memory"`);
       }
+      this._scanner.fail(`the kernel is ${status}: it did not answer the scan`);
       this._closeChannel();
       this._status = 'no-kernel';
     } else if (status === 'idle' && this._status === 'no-kernel') {
       this._restart();
       return;
-    } else if (status === 'idle' && this._free.phase === 'queued') {
-      this._setFree({ ...this._free, phase: 'running' });
+    } else if (status === 'idle') {
+      this._scanner.kernelIdle();
+      if (this._free.phase === 'queued') {
+        this._setFree({ ...this._free, phase: 'running' });
+      }
     }
     this._changed.emit();
   }
@@ -453,6 +471,7 @@ export class MemoryModel implements IDisposable {
   private _history: ICellRecord[] = [];
   private _verdict: ILeakVerdict | null = null;
   private _free: IFreeState = NO_FREE;
+  private _scanner = new Scanner(() => this._changed.emit());
   private _freeToken = 0;
   private _freeTimer = 0;
   private _functions: number | null = null;

@@ -101,6 +101,30 @@ export interface ICleanupReport {
   notes: string[];
 }
 
+/** One live Keras model from a scan (`LiveModel` in kerasmagic/cleanup/holders.py). */
+export interface ILiveModel {
+  name: string;
+  type: string;
+  /** Bytes of its weights and optimizer variables (counted). */
+  size_bytes: number;
+  /** What keeps it alive (`Out[7]`, `h.model`, `results[0]`, ...). */
+  holders: string[];
+  traced_ops: number | null;
+  /** An estimate, not a measurement, of what its traced graphs keep. */
+  estimate_bytes: number | null;
+  /** Whether "Free memory" would free it on its own. */
+  freeable: boolean;
+  /** What frees it, one per holder, in the same order. */
+  remedies: string[];
+}
+
+/** One of the largest user variables from a scan (`Variable` in kerasmagic/probes/variables.py). */
+export interface IVariable {
+  name: string;
+  type: string;
+  size_bytes: number;
+}
+
 export interface IStateMessage {
   protocol: number;
   type: 'state';
@@ -158,6 +182,15 @@ export interface IFreeReply {
   verdict?: ILeakVerdict | null;
 }
 
+export interface IScanReply {
+  protocol: number;
+  type: 'reply';
+  id: string;
+  request: 'scan';
+  models: ILiveModel[];
+  variables: IVariable[];
+}
+
 export interface IErrorMessage {
   protocol: number;
   type: 'error';
@@ -165,7 +198,7 @@ export interface IErrorMessage {
   error: string;
 }
 
-export type Reply = ISnapshotReply | IHistoryReply | IFreeReply;
+export type Reply = ISnapshotReply | IHistoryReply | IFreeReply | IScanReply;
 export type Push = IStateMessage | ISampleMessage | ICellMessage;
 export type KernelMessage = Push | Reply | IErrorMessage;
 export type RequestType = Reply['request'];
@@ -210,9 +243,13 @@ export function parseKernelMessage(data: unknown): KernelMessage | null {
         ? (data as unknown as ICellMessage)
         : null;
     case 'reply':
-      return typeof data.id === 'string' && typeof data.request === 'string'
-        ? (data as unknown as Reply)
-        : null;
+      if (typeof data.id !== 'string' || typeof data.request !== 'string') {
+        return null;
+      }
+      if (data.request === 'scan' && !(Array.isArray(data.models) && Array.isArray(data.variables))) {
+        return null;
+      }
+      return data as unknown as Reply;
     case 'error':
       return typeof data.error === 'string' ? (data as unknown as IErrorMessage) : null;
     default:

@@ -5,27 +5,13 @@
  */
 import { Widget } from '@lumino/widgets';
 
+import { h } from './dom';
 import { formatBytes, formatDelta, percent } from './format';
 import { historyChart } from './chart';
 import { IFreeState, MemoryModel, gpuUsedBytes } from './model';
 import { NotebookModels } from './notebooks';
 import { IGpuDevice, ISnapshot } from './protocol';
-
-type Child = Node | string | null;
-
-/** Create an element with attributes and children (text is always text, never HTML). */
-function h(tag: string, attrs: { [key: string]: string } = {}, ...children: Child[]): HTMLElement {
-  const el = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    el.setAttribute(key, value);
-  }
-  for (const child of children) {
-    if (child !== null) {
-      el.append(child);
-    }
-  }
-  return el;
-}
+import { ScanSection } from './scanview';
 
 /** A bar: this kernel's share, other processes, free; with an optional peak tick. */
 function gauge(
@@ -198,11 +184,13 @@ export class MemoryPanel extends Widget {
       'Run kerasmagic.reset() in the kernel: drop models held only by Out[], tracebacks and ' +
       'callbacks, reset Keras/TF state, collect. Never drops a model you keep under a name.';
     this._freeButton.addEventListener('click', () => void this._models.current?.freeMemory());
+    this._scan = new ScanSection(() => void this._models.current?.scanMemory());
     this.node.append(
       this._header,
       h('div', { class: 'jp-kerasmagic-message' }, this._message, this._loadButton),
       this._body,
-      h('div', { class: 'jp-kerasmagic-actions' }, this._freeButton, this._freeResult)
+      h('div', { class: 'jp-kerasmagic-actions' }, this._freeButton, this._freeResult),
+      this._scan.node
     );
     models.changed.connect(this._render, this);
     this._render();
@@ -232,6 +220,7 @@ export class MemoryPanel extends Widget {
     this._freeResult.textContent = freeText(m.free);
     this._freeResult.dataset.phase = m.free.phase;
     this._freeResult.dataset.freedBytes = String(m.free.report?.freed_bytes ?? '');
+    this._scan.render(m);
     if (s === null || m.status !== 'live') {
       this._body.replaceChildren();
       return;
@@ -261,6 +250,7 @@ export class MemoryPanel extends Widget {
     this._loadButton.hidden = true;
     this._freeButton.hidden = true;
     this._freeResult.textContent = '';
+    this._scan.render(null);
     this._body.replaceChildren();
   }
 
@@ -270,6 +260,7 @@ export class MemoryPanel extends Widget {
   private _body = h('div', { class: 'jp-kerasmagic-body' });
   private _loadButton: HTMLButtonElement;
   private _freeButton: HTMLButtonElement;
+  private _scan: ScanSection;
   private _freeResult = h('div', {
     class: 'jp-kerasmagic-free-result',
     'data-km': 'free-result',

@@ -1,0 +1,148 @@
+/**
+ * The sidebar's "What holds memory" section: a Scan button, then a table of
+ * every live Keras model (its size, what holds it and what frees it, whether
+ * "Free memory" would) and one of the largest data, which is the user's and
+ * never freed. Reads the model's scan state only; rows carry `data-km`.
+ */
+import { h } from './dom';
+import { formatBytes } from './format';
+import { MemoryModel } from './model';
+import { ILiveModel, IVariable } from './protocol';
+import { IScanState } from './scan';
+
+/** A table with a caption and column headers (`scope="col"`), one `<tr>` per row. */
+function table(key: string, caption: string, columns: string[], rows: HTMLElement[]): HTMLElement {
+  return h(
+    'table',
+    { class: 'jp-kerasmagic-table', 'data-km': key },
+    h('caption', {}, caption),
+    h('thead', {}, h('tr', {}, ...columns.map(c => h('th', { scope: 'col' }, c)))),
+    h('tbody', {}, ...rows)
+  );
+}
+
+/** Holders that share a remedy, as one line each: `Out[7], _, _7 → Free memory clears it`. */
+function holderLines(m: ILiveModel): HTMLElement {
+  const byRemedy = new Map<string, string[]>();
+  m.holders.forEach((holder, i) => {
+    const remedy = m.remedies[i] ?? '';
+    const seen = byRemedy.get(remedy) ?? [];
+    if (!seen.includes(holder)) {
+      byRemedy.set(remedy, [...seen, holder]);
+    }
+  });
+  const items = [...byRemedy].map(([remedy, holders]) =>
+    h('li', {}, h('code', {}, holders.join(', ')), remedy ? ` → ${remedy}` : '')
+  );
+  return h('ul', { class: 'jp-kerasmagic-holders' }, ...items);
+}
+
+function modelRow(m: ILiveModel): HTMLElement {
+  const estimate = m.estimate_bytes !== null && m.estimate_bytes > 0
+    ? h('div', { class: 'jp-kerasmagic-estimate', title: `${m.traced_ops ?? '?'} ops in its traced graphs` },
+      `≈ ${formatBytes(m.estimate_bytes)} traced graphs (estimate)`)
+    : null;
+  return h(
+    'tr',
+    { 'data-km': 'scan-model', 'data-name': m.name, 'data-bytes': String(m.size_bytes),
+      'data-freeable': String(m.freeable) },
+    h('th', { scope: 'row' }, m.name, h('div', { class: 'jp-kerasmagic-note' }, m.type)),
+    h('td', {}, `${formatBytes(m.size_bytes)} weights`, estimate),
+    h('td', {}, holderLines(m)),
+    h('td', { class: m.freeable ? 'jp-kerasmagic-freeable' : '' },
+      m.freeable ? '✓ freed by Free memory' : 'kept')
+  );
+}
+
+function variableRow(v: IVariable): HTMLElement {
+  return h(
+    'tr',
+    { 'data-km': 'scan-variable', 'data-name': v.name, 'data-bytes': String(v.size_bytes) },
+    h('th', { scope: 'row' }, h('code', {}, v.name)),
+    h('td', {}, v.type),
+    h('td', {}, formatBytes(v.size_bytes))
+  );
+}
+
+function emptyRow(columns: number, text: string): HTMLElement {
+  return h('tr', {}, h('td', { colspan: String(columns), class: 'jp-kerasmagic-note' }, text));
+}
+
+function statusText(s: IScanState): string {
+  const at = s.atMs === null ? '' : new Date(s.atMs).toLocaleTimeString();
+  switch (s.phase) {
+    case 'idle':
+      return 'Lists each live Keras model, what holds it and what frees it, and your largest data.';
+    case 'queued':
+      return 'Queued: scans when the current cell finishes…';
+    case 'running':
+      return 'Scanning…';
+    case 'failed':
+      return `Scan failed: ${s.error}.` + (at ? ` The rows below are from ${at}.` : '');
+    case 'done': {
+      const freeable = s.models.filter(m => m.freeable).length;
+      const models = s.models.length === 1 ? '1 live model' : `${s.models.length} live models`;
+      return `${models} (${freeable} freed by Free memory), ${s.variables.length} large ` +
+        `variable${s.variables.length === 1 ? '' : 's'}; scanned at ${at}.` +
+        (s.stale ? ' Memory changed since: scan again for current figures.' : '');
+    }
+  }
+}
+
+/** The collapsible section; `render` is cheap when nothing changed (no live-region churn). */
+export class ScanSection {
+  constructor(onScan: () => void) {
+    this.button.addEventListener('click', onScan);
+    this.node.open = true;
+    this.node.append(
+      h('summary', { class: 'jp-kerasmagic-scan-summary' }, 'What holds memory'),
+      h('div', { class: 'jp-kerasmagic-scan-bar' }, this.button, this._status),
+      this._tables
+    );
+  }
+
+  readonly node = h('details', { class: 'jp-kerasmagic-scan', 'data-km': 'scan-section' }) as HTMLDetailsElement;
+  readonly button = h('button', {
+    class: 'jp-mod-styled jp-kerasmagic-scan-button',
+    'data-km': 'scan',
+    'aria-label': 'Scan the kernel for what holds memory',
+    title: 'Walks the kernel’s objects between cells (tens to hundreds of ms); changes nothing.'
+  }, 'Scan') as HTMLButtonElement;
+
+  render(m: MemoryModel | null): void {
+    const live = m !== null && m.status === 'live';
+    this.node.hidden = !live;
+    if (!live) {
+      return;
+    }
+    const s = m.scan;
+    this.button.disabled = s.phase === 'queued' || s.phase === 'running';
+    if (s === this._shown) {
+      return;
+    }
+    this._shown = s;
+    this._status.textContent = statusText(s);
+    this._status.dataset.phase = s.phase;
+    this._status.dataset.stale = String(s.stale);
+    if (s.atMs === null) {
+      this._tables.replaceChildren();
+      return;
+    }
+    this._tables.replaceChildren(
+      table('scan-models', 'Live Keras models', ['Model', 'Size', 'Held by → what frees it', 'Free memory'],
+        s.models.length ? s.models.map(modelRow) : [emptyRow(4, 'No live Keras model.')]),
+      table('scan-variables', 'Largest data (yours; never freed)', ['Name', 'Type', 'Size'],
+        s.variables.length ? s.variables.map(variableRow)
+          : [emptyRow(3, 'No array, DataFrame or tensor in the namespace.')])
+    );
+  }
+
+  private _shown: IScanState | null = null;
+  private _status = h('div', {
+    class: 'jp-kerasmagic-note',
+    'data-km': 'scan-status',
+    role: 'status',
+    'aria-live': 'polite'
+  });
+  private _tables = h('div', { class: 'jp-kerasmagic-scan-tables' });
+}
