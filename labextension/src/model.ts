@@ -207,7 +207,7 @@ export class MemoryModel implements IDisposable {
       return;
     }
     const token = ++this._freeToken;
-    this._setFree({ ...NO_FREE, phase: this.kernelStatus === 'busy' ? 'queued' : 'running' });
+    this._setFree({ ...NO_FREE, phase: this._cellRunning ? 'queued' : 'running' });
     try {
       const reply = await channel.request('free_memory');
       if (token !== this._freeToken) {
@@ -235,7 +235,7 @@ export class MemoryModel implements IDisposable {
 
   /** Ask the kernel what holds memory (each live model, its holders; the largest data). */
   async scanMemory(): Promise<void> {
-    await this._scanner.scan(this._channel, this.kernelStatus === 'busy');
+    await this._scanner.scan(this._channel, this._cellRunning);
   }
 
   /** Set the free state; a running cleanup gets a deadline, after which the button works again. */
@@ -290,6 +290,7 @@ export class MemoryModel implements IDisposable {
       this._freeToken++;
       this._setFree(NO_FREE);
     }
+    this._cellRunning = false;
     this._scanner.reset();
     this._connect();
   }
@@ -401,6 +402,7 @@ export class MemoryModel implements IDisposable {
       this._running = []; // the cell ended (its record came first), or the kernel was only briefly busy
     }
     if (GONE.includes(status)) {
+      this._cellRunning = false;
       if (this._free.phase === 'queued' || this._free.phase === 'running') {
         this._failFree(`the kernel is ${status}: it did not answer "Free memory"`);
       }
@@ -411,16 +413,46 @@ export class MemoryModel implements IDisposable {
       this._restart();
       return;
     } else if (status === 'idle') {
-      this._scanner.kernelIdle();
-      if (this._free.phase === 'queued') {
-        this._setFree({ ...this._free, phase: 'running' });
-      }
+      this._startQueued();
     }
     this._changed.emit();
   }
 
+  /** No cell runs: what waited for it ("Free memory", a scan) runs now, with its deadline. */
+  private _startQueued(): void {
+    if (this._cellRunning) {
+      return;
+    }
+    this._scanner.kernelIdle();
+    if (this._free.phase === 'queued') {
+      this._setFree({ ...this._free, phase: 'running' });
+    }
+  }
+
+  /**
+   * Follow whether a cell runs, from its `execute_request`'s busy and idle. The kernel's status
+   * alone cannot say: with comms over subshells, each comm request also turns it busy, then
+   * idle, while a cell still runs on the main shell (where "Free memory" and scans wait).
+   */
+  private _followCells(msg: KM.IMessage): void {
+    const parent = msg.parent_header;
+    if (!KM.isStatusMsg(msg) || !parent || !('msg_type' in parent) ||
+      parent.msg_type !== 'execute_request') {
+      return;
+    }
+    const state = msg.content.execution_state;
+    if (state === 'busy' || state === 'idle') {
+      this._cellRunning = state === 'busy';
+      if (!this._cellRunning) {
+        this._startQueued();
+        this._changed.emit();
+      }
+    }
+  }
+
   /** After any execution (`%load_ext` in a cell, the load button) retry a refused kernel. */
   private _onIopub(_: ISessionContext, msg: KM.IMessage): void {
+    this._followCells(msg);
     if (
       this._status === 'not-loaded' &&
       KM.isStatusMsg(msg) &&
@@ -471,6 +503,7 @@ export class MemoryModel implements IDisposable {
   private _history: ICellRecord[] = [];
   private _verdict: ILeakVerdict | null = null;
   private _free: IFreeState = NO_FREE;
+  private _cellRunning = false;
   private _scanner = new Scanner(() => this._changed.emit());
   private _freeToken = 0;
   private _freeTimer = 0;

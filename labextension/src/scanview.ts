@@ -37,20 +37,25 @@ function holderLines(m: ILiveModel): HTMLElement {
   return h('ul', { class: 'jp-kerasmagic-holders' }, ...items);
 }
 
+/** One model: name, class and sizes, the "Free memory" mark; then its holders and remedies. */
 function modelRow(m: ILiveModel): HTMLElement {
   const estimate = m.estimate_bytes !== null && m.estimate_bytes > 0
     ? h('div', { class: 'jp-kerasmagic-estimate', title: `${m.traced_ops ?? '?'} ops in its traced graphs` },
       `≈ ${formatBytes(m.estimate_bytes)} traced graphs (estimate)`)
     : null;
+  const mark = m.freeable
+    ? h('div', { class: 'jp-kerasmagic-freeable' }, '✓ freed by Free memory')
+    : h('div', {}, 'not freed by Free memory');
   return h(
     'tr',
     { 'data-km': 'scan-model', 'data-name': m.name, 'data-bytes': String(m.size_bytes),
       'data-freeable': String(m.freeable) },
-    h('th', { scope: 'row' }, m.name, h('div', { class: 'jp-kerasmagic-note' }, m.type)),
-    h('td', {}, `${formatBytes(m.size_bytes)} weights`, estimate),
-    h('td', {}, holderLines(m)),
-    h('td', { class: m.freeable ? 'jp-kerasmagic-freeable' : '' },
-      m.freeable ? '✓ freed by Free memory' : 'kept')
+    h('th', { scope: 'row' },
+      h('div', { class: 'jp-kerasmagic-model-name' }, m.name),
+      h('div', { class: 'jp-kerasmagic-model-size' }, `${m.type} · ${formatBytes(m.size_bytes)} weights`),
+      estimate,
+      mark),
+    h('td', {}, holderLines(m))
   );
 }
 
@@ -82,7 +87,7 @@ function statusText(s: IScanState): string {
     case 'done': {
       const freeable = s.models.filter(m => m.freeable).length;
       const models = s.models.length === 1 ? '1 live model' : `${s.models.length} live models`;
-      return `${models} (${freeable} freed by Free memory), ${s.variables.length} large ` +
+      return `${models} (Free memory would free ${freeable}), ${s.variables.length} large ` +
         `variable${s.variables.length === 1 ? '' : 's'}; scanned at ${at}.` +
         (s.stale ? ' Memory changed since: scan again for current figures.' : '');
     }
@@ -129,8 +134,8 @@ export class ScanSection {
       return;
     }
     this._tables.replaceChildren(
-      table('scan-models', 'Live Keras models', ['Model', 'Size', 'Held by → what frees it', 'Free memory'],
-        s.models.length ? s.models.map(modelRow) : [emptyRow(4, 'No live Keras model.')]),
+      table('scan-models', 'Live Keras models', ['Model', 'Held by → what frees it'],
+        s.models.length ? s.models.map(modelRow) : [emptyRow(2, 'No live Keras model.')]),
       table('scan-variables', 'Largest data (yours; never freed)', ['Name', 'Type', 'Size'],
         s.variables.length ? s.variables.map(variableRow)
           : [emptyRow(3, 'No array, DataFrame or tensor in the namespace.')])
