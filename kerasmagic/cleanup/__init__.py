@@ -6,130 +6,24 @@ and from plain Python (``kerasmagic.reset()`` / ``with kerasmagic.fresh():``) in
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
 import gc
 import sys
 import time
 import weakref
 from collections.abc import Iterable, Iterator, MutableMapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from kerasmagic.backends.tensorflow import stack as tfstack
 from kerasmagic.backends.tensorflow.alloc import read_tf
-from kerasmagic.backends.tensorflow.purge import PurgeResult, purge_custom_gradients
+from kerasmagic.backends.tensorflow.purge import purge_custom_gradients
 from kerasmagic.backends.tensorflow.traces import clear_stale_traces
+from kerasmagic.cleanup.backend import malloc_trim, reset_backend
 from kerasmagic.cleanup.holders import namespace_paths, referrer_kinds
 from kerasmagic.cleanup.interrupts import held_interrupts
+from kerasmagic.cleanup.report import CleanupReport
 from kerasmagic.cleanup.stale import plan_cleanup
 from kerasmagic.probes import read_ram
-
-MB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class CleanupReport:
-    """What one cleanup dropped, what it freed, and which models are still alive and why."""
-
-    dropped: tuple[str, ...]
-    kept: tuple[str, ...]
-    not_freed: tuple[str, ...]
-    freed_bytes: int
-    tf_freed_bytes: int | None
-    purge: PurgeResult | None
-    elapsed_s: float
-    dry_run: bool = False
-    notes: tuple[str, ...] = ()
-    stale_models: int = 0  # models the cleanup set out to free (freed_bytes / this: per model)
-
-    def summary(self) -> str:
-        """Return the one-line report shown after a ``%%fresh_model`` cell."""
-        if self.dry_run:
-            return f"dry run: would drop {_names(self.dropped)}; would keep {_names(self.kept)}"
-        parts = [f"freed {self.freed_bytes / MB:.1f} MB in {self.elapsed_s:.2f} s"]
-        if self.tf_freed_bytes is not None:
-            parts.append(f"TF GPU {self.tf_freed_bytes / MB:.1f} MB")
-        parts.append(f"dropped {_names(self.dropped)}")
-        if self.purge is not None and self.purge.dropped:
-            parts.append(f"purged {self.purge.dropped} custom gradients")
-        if self.kept:
-            parts.append(f"still alive: {_names(self.kept)}")
-        if self.not_freed:
-            parts.append(f"NOT freed: {_names(self.not_freed)}")
-        return "; ".join(parts + list(self.notes))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-able dict (for the sidebar and logs)."""
-        purge = None if self.purge is None else vars(self.purge)
-        return {**{k: v for k, v in vars(self).items() if k != "purge"}, "purge": purge}
-
-
-def _names(items: tuple[str, ...], limit: int = 6) -> str:
-    if not items:
-        return "nothing"
-    shown = ", ".join(items[:limit])
-    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
-
-
-# Keras keeps user settings in the same global state that clear_session() throws away.
-KERAS_SETTINGS = (
-    "dtype_policy",  # keras.mixed_precision.set_global_policy("mixed_float16")
-    "global_random_seed",  # keras.utils.set_random_seed(...)
-    "interactive_logging",
-    "traceback_filtering",
-    "flash_attention",
-    "nnx_enabled",
-)
-
-
-def _keras_settings() -> dict[str, Any]:
-    state = sys.modules.get("keras.src.backend.common.global_state")
-    getter = getattr(state, "get_global_attribute", None)
-    if getter is None:
-        return {}
-    values = {name: getter(name) for name in KERAS_SETTINGS}
-    return {name: value for name, value in values.items() if value is not None}
-
-
-def _restore_keras_settings(saved: dict[str, Any]) -> None:
-    state = sys.modules.get("keras.src.backend.common.global_state")
-    setter = getattr(state, "set_global_attribute", None)
-    for name, value in saved.items():
-        if setter is not None:
-            setter(name, value)
-
-
-def reset_backend() -> list[str]:
-    """Reset Keras's global state (names, graphs, kernel caches), keep its user settings, then
-    each backend in use (TF's default graph, JAX's compilation caches, torch's caches)."""
-    done = []
-    saved = _keras_settings()
-    for name in ("keras", "tf_keras"):
-        backend = getattr(sys.modules.get(name), "backend", None)
-        clear = getattr(backend, "clear_session", None)
-        if clear is None:
-            continue
-        try:
-            clear(free_memory=False)
-        except TypeError:  # tf-keras has no free_memory argument
-            clear()
-        done.append(name)
-    _restore_keras_settings(saved)
-    from kerasmagic.backends import reset_active  # TF's default graph, JAX's jit caches, torch's
-
-    done.extend(reset_active())
-    return done
-
-
-def _malloc_trim() -> None:
-    """Hand freed heap pages back to the OS (glibc), so RSS shows what was freed."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):  # musl and others lack malloc_trim
-        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
 
 
 def _ipython_shell() -> Any | None:
@@ -213,7 +107,7 @@ def _reset(
         gc.collect()
     elif purge.message:
         notes.append(purge.message)
-    _malloc_trim()
+    malloc_trim()
     not_freed = _survivors(watched, ns)
     tf_after = read_tf().current_bytes
     return CleanupReport(
@@ -263,3 +157,6 @@ def fresh(
 ) -> Iterator[CleanupReport]:
     """Run ``reset()`` before the block; for loops: ``with kerasmagic.fresh(): model = ...``."""
     yield reset(namespace, **options)
+
+
+__all__ = ["CleanupReport", "fresh", "last_report", "reset", "reset_backend"]

@@ -10,13 +10,22 @@ model, and stored tracebacks drop their frames' locals.
 from __future__ import annotations
 
 import re
-import types as pytypes
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kerasmagic.cleanup.cuts import (
+    REBOUND_DEPTH,
+    clear_frames_of,
+    cut_link,
+    forget_output,
+    set_attr,
+    set_item,
+    strip_binding,
+    unbind,
+)
 from kerasmagic.cleanup.reach import reachable
-from kerasmagic.cleanup.tracebacks import clear_frames, frame_locals, stored_tracebacks
+from kerasmagic.cleanup.tracebacks import frame_locals, stored_tracebacks
 from kerasmagic.probes.keras_state import (
     callback_model,
     callback_types,
@@ -28,7 +37,6 @@ from kerasmagic.probes.keras_state import (
 )
 
 Action = tuple[str, Callable[[], None]]
-REBOUND_DEPTH = 6  # how far into a rebound name's containers stale models are looked for
 
 
 @dataclass
@@ -55,50 +63,6 @@ def _models_in(
     return [(p, o) for p, o in walk(path, obj, cbs, max_depth=depth) if is_a(o, types)]
 
 
-def _strip(obj: Any, types: tuple[type, ...], kept: frozenset[int], depth: int = 0) -> Any:
-    """Return ``obj`` with stale models replaced by None (lists and dicts in place, tuples and
-    frozensets rebuilt). Models and containers a kept name also reaches stay as they are."""
-    if is_a(obj, types):
-        return obj if id(obj) in kept else None
-    if depth >= REBOUND_DEPTH or id(obj) in kept:
-        return obj
-    if type(obj) is list:
-        for i, item in enumerate(obj):
-            new = _strip(item, types, kept, depth + 1)
-            if new is not item:
-                obj[i] = new
-    elif type(obj) is dict:
-        for key, item in list(obj.items()):
-            new = _strip(item, types, kept, depth + 1)
-            if new is not item:
-                obj[key] = new
-    elif type(obj) is tuple or (issubclass(type(obj), tuple) and hasattr(type(obj), "_fields")):
-        items = [_strip(item, types, kept, depth + 1) for item in tuple.__iter__(obj)]
-        if any(new is not old for new, old in zip(items, obj, strict=True)):
-            return type(obj)(*items) if hasattr(type(obj), "_fields") else tuple(items)
-    elif type(obj) in (set, frozenset):
-        stale = [item for item in obj if is_a(item, types) and id(item) not in kept]
-        if type(obj) is set:
-            obj.difference_update(stale)
-        elif stale:
-            return frozenset(obj.difference(stale))
-    return obj
-
-
-def _unbind(ns: MutableMapping[str, Any], name: str) -> Callable[[], None]:
-    return lambda: ns.pop(name, None)
-
-
-def _strip_binding(
-    ns: MutableMapping[str, Any], name: str, types: tuple[type, ...], kept: frozenset[int]
-) -> Callable[[], None]:
-    def act() -> None:
-        if name in ns:
-            ns[name] = _strip(ns[name], types, kept)
-
-    return act
-
-
 def _release_names(
     plan: Plan, ns: MutableMapping[str, Any], names: Iterable[str], types: tuple[type, ...]
 ) -> None:
@@ -112,7 +76,7 @@ def _release_names(
         if not found:
             continue
         if is_a(value, types):
-            plan.actions.append((name, _unbind(ns, name)))
+            plan.actions.append((name, unbind(ns, name)))
         elif not plan.complete:
             plan.notes.append(f"kept names too large to scan: models inside {name} not cut")
             continue
@@ -120,7 +84,7 @@ def _release_names(
             plan.actions.append(
                 (
                     f"{found[0][0]}" + (f" (+{len(found) - 1})" if len(found) > 1 else ""),
-                    _strip_binding(ns, name, types, plan.shared),
+                    strip_binding(ns, name, types, plan.shared),
                 )
             )
         plan.stale.update((id(m), (p, m)) for p, m in found)
@@ -135,27 +99,12 @@ def _release_output_cache(
             found = _stale(plan, _models_in(value, f"Out[{key}]", types, ()))
             if found:
                 plan.stale.update((id(m), (p, m)) for p, m in found)
-                plan.actions.append((f"Out[{key}]", _forget_output(ns, out, key)))
+                plan.actions.append((f"Out[{key}]", forget_output(ns, out, key)))
     for name in ("_", "__", "___"):
         found = _stale(plan, _models_in(ns.get(name), name, types, ()))
         if found:
             plan.stale.update((id(m), (p, m)) for p, m in found)
-            plan.actions.append((name, _set(ns, name, "")))
-
-
-def _forget_output(
-    ns: MutableMapping[str, Any], out: dict[Any, Any], key: Any
-) -> Callable[[], None]:
-    def act() -> None:
-        value = out.pop(key, None)
-        if value is not None and ns.get(f"_{key}") is value:
-            del ns[f"_{key}"]
-
-    return act
-
-
-def _set(ns: MutableMapping[str, Any], name: str, value: Any) -> Callable[[], None]:
-    return lambda: ns.__setitem__(name, value)
+            plan.actions.append((name, set_item(ns, name, "")))
 
 
 def _release_tracebacks(plan: Plan, ns: MutableMapping[str, Any], types: tuple[type, ...]) -> None:
@@ -168,11 +117,7 @@ def _release_tracebacks(plan: Plan, ns: MutableMapping[str, Any], types: tuple[t
         found = _stale(plan, found)
         if found:
             plan.stale.update((id(m), (p, m)) for p, m in found)
-            plan.actions.append((label, _clear_frames(tb)))
-
-
-def _clear_frames(tb: pytypes.TracebackType) -> Callable[[], None]:
-    return lambda: clear_frames(tb)
+            plan.actions.append((label, clear_frames_of(tb)))
 
 
 def _cut_callback_links(
@@ -187,15 +132,7 @@ def _cut_callback_links(
             model = callback_model(obj)
             if is_a(model, types) and id(model) not in plan.held:
                 plan.stale[id(model)] = (f"{path}.model", model)
-                plan.actions.append((f"{path}.model", _cut_link(obj)))
-
-
-def _cut_link(callback: Any) -> Callable[[], None]:
-    def act() -> None:
-        key = "_model" if "_model" in callback.__dict__ else "model"
-        callback.__dict__[key] = None
-
-    return act
+                plan.actions.append((f"{path}.model", cut_link(obj)))
 
 
 def _release_shell(plan: Plan, shell: Any, types: tuple[type, ...]) -> None:
@@ -203,21 +140,17 @@ def _release_shell(plan: Plan, shell: Any, types: tuple[type, ...]) -> None:
     hook = getattr(shell, "displayhook", None)
     for name in ("_", "__", "___"):
         if _stale(plan, _models_in(getattr(hook, name, None), name, types, ())):
-            plan.actions.append((f"displayhook.{name}", _setattr(hook, name, "")))
+            plan.actions.append((f"displayhook.{name}", set_attr(hook, name, "")))
     hidden = getattr(shell, "user_ns_hidden", None)  # push(interactive=False) copies _, _N here
     if isinstance(hidden, dict):
         for name, value in list(hidden.items()):
             if re.fullmatch(r"_+|_\d+", name) and _stale(plan, _models_in(value, name, types, ())):
-                plan.actions.append((f"displayhook.{name}", _set(hidden, name, "")))
+                plan.actions.append((f"displayhook.{name}", set_item(hidden, name, "")))
     last = getattr(shell, "last_execution_result", None)
     found = _stale(plan, _models_in(getattr(last, "result", None), "last result", types, ()))
     if found:
         plan.stale.update((id(m), (p, m)) for p, m in found)
-        plan.actions.append(("last result", _setattr(last, "result", None)))
-
-
-def _setattr(obj: Any, name: str, value: Any) -> Callable[[], None]:
-    return lambda: setattr(obj, name, value)
+        plan.actions.append(("last result", set_attr(last, "result", None)))
 
 
 def plan_cleanup(

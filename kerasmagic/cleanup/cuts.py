@@ -1,0 +1,104 @@
+"""The cuts a cleanup plan makes: each returns a callable that does one cut when called.
+
+Planning (``stale.py``) only looks; these closures do the cutting, and only to model state: a
+name is unbound, a model inside a rebound container becomes ``None`` (lists and dicts in place,
+tuples and frozensets rebuilt), an output-cache entry is forgotten, a stored traceback's frames
+drop their locals, a callback loses its ``.model`` link. Containers a kept name also reaches are
+never touched.
+"""
+
+from __future__ import annotations
+
+import types as pytypes
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from kerasmagic.cleanup.tracebacks import clear_frames
+from kerasmagic.probes.keras_state import is_a
+
+REBOUND_DEPTH = 6  # how far into a rebound name's containers stale models are looked for
+
+
+def strip(obj: Any, types: tuple[type, ...], kept: frozenset[int], depth: int = 0) -> Any:
+    """Return ``obj`` with stale models replaced by None (lists and dicts in place, tuples and
+    frozensets rebuilt). Models and containers a kept name also reaches stay as they are."""
+    if is_a(obj, types):
+        return obj if id(obj) in kept else None
+    if depth >= REBOUND_DEPTH or id(obj) in kept:
+        return obj
+    if type(obj) is list:
+        for i, item in enumerate(obj):
+            new = strip(item, types, kept, depth + 1)
+            if new is not item:
+                obj[i] = new
+    elif type(obj) is dict:
+        for key, item in list(obj.items()):
+            new = strip(item, types, kept, depth + 1)
+            if new is not item:
+                obj[key] = new
+    elif type(obj) is tuple or (issubclass(type(obj), tuple) and hasattr(type(obj), "_fields")):
+        items = [strip(item, types, kept, depth + 1) for item in tuple.__iter__(obj)]
+        if any(new is not old for new, old in zip(items, obj, strict=True)):
+            return type(obj)(*items) if hasattr(type(obj), "_fields") else tuple(items)
+    elif type(obj) in (set, frozenset):
+        stale = [item for item in obj if is_a(item, types) and id(item) not in kept]
+        if type(obj) is set:
+            obj.difference_update(stale)
+        elif stale:
+            return frozenset(obj.difference(stale))
+    return obj
+
+
+def unbind(ns: MutableMapping[str, Any], name: str) -> Callable[[], None]:
+    """Cut: remove ``name`` from the namespace."""
+    return lambda: ns.pop(name, None)
+
+
+def strip_binding(
+    ns: MutableMapping[str, Any], name: str, types: tuple[type, ...], kept: frozenset[int]
+) -> Callable[[], None]:
+    """Cut: the stale models out of the container bound to ``name`` (see ``strip``)."""
+
+    def act() -> None:
+        if name in ns:
+            ns[name] = strip(ns[name], types, kept)
+
+    return act
+
+
+def forget_output(
+    ns: MutableMapping[str, Any], out: dict[Any, Any], key: Any
+) -> Callable[[], None]:
+    """Cut: IPython's ``Out[key]`` and its ``_key`` alias."""
+
+    def act() -> None:
+        value = out.pop(key, None)
+        if value is not None and ns.get(f"_{key}") is value:
+            del ns[f"_{key}"]
+
+    return act
+
+
+def set_item(ns: MutableMapping[str, Any], name: str, value: Any) -> Callable[[], None]:
+    """Cut: ``ns[name] = value`` (IPython's ``_``, ``__``, ``___`` become "")."""
+    return lambda: ns.__setitem__(name, value)
+
+
+def clear_frames_of(tb: pytypes.TracebackType) -> Callable[[], None]:
+    """Cut: the locals of a stored traceback's finished frames."""
+    return lambda: clear_frames(tb)
+
+
+def cut_link(callback: Any) -> Callable[[], None]:
+    """Cut: a callback's (``History``'s) ``.model`` link; its numbers stay."""
+
+    def act() -> None:
+        key = "_model" if "_model" in callback.__dict__ else "model"
+        callback.__dict__[key] = None
+
+    return act
+
+
+def set_attr(obj: Any, name: str, value: Any) -> Callable[[], None]:
+    """Cut: ``obj.name = value`` (the display hook's copies, the last execution result)."""
+    return lambda: setattr(obj, name, value)

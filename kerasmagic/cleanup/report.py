@@ -1,0 +1,54 @@
+"""``CleanupReport``: what one cleanup dropped and freed, and which models are still alive."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kerasmagic.backends.tensorflow.purge import PurgeResult
+
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CleanupReport:
+    """What one cleanup dropped, what it freed, and which models are still alive and why."""
+
+    dropped: tuple[str, ...]
+    kept: tuple[str, ...]
+    not_freed: tuple[str, ...]
+    freed_bytes: int
+    tf_freed_bytes: int | None
+    purge: PurgeResult | None
+    elapsed_s: float
+    dry_run: bool = False
+    notes: tuple[str, ...] = ()
+    stale_models: int = 0  # models the cleanup set out to free (freed_bytes / this: per model)
+
+    def summary(self) -> str:
+        """Return the one-line report shown after a ``%%fresh_model`` cell."""
+        if self.dry_run:
+            return f"dry run: would drop {_names(self.dropped)}; would keep {_names(self.kept)}"
+        parts = [f"freed {self.freed_bytes / MB:.1f} MB in {self.elapsed_s:.2f} s"]
+        if self.tf_freed_bytes is not None:
+            parts.append(f"TF GPU {self.tf_freed_bytes / MB:.1f} MB")
+        parts.append(f"dropped {_names(self.dropped)}")
+        if self.purge is not None and self.purge.dropped:
+            parts.append(f"purged {self.purge.dropped} custom gradients")
+        if self.kept:
+            parts.append(f"still alive: {_names(self.kept)}")
+        if self.not_freed:
+            parts.append(f"NOT freed: {_names(self.not_freed)}")
+        return "; ".join(parts + list(self.notes))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-able dict (for the sidebar and logs)."""
+        purge = None if self.purge is None else vars(self.purge)
+        return {**{k: v for k, v in vars(self).items() if k != "purge"}, "purge": purge}
+
+
+def _names(items: tuple[str, ...], limit: int = 6) -> str:
+    if not items:
+        return "nothing"
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
