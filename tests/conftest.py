@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -13,6 +14,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
+from jupyter_client.manager import KernelManager
 
 
 def _has_gpu() -> bool:
@@ -72,3 +74,19 @@ def kip(ip: InteractiveShell) -> InteractiveShell:
     """The ``ip`` shell with Keras, data ``x``/``y`` and ``build()`` defined."""
     run(ip, SETUP)
     return ip
+
+
+@contextmanager
+def real_kernel(cwd: str) -> Iterator[tuple[KernelManager, Any]]:
+    """A real ipykernel in ``cwd`` with kerasmagic loaded; shut down afterwards."""
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=cwd)
+    client = km.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        client.execute_interactive("%load_ext kerasmagic", timeout=60)
+        yield km, client
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from jupyter_client.manager import KernelManager
+from conftest import real_kernel
 
 pytestmark = pytest.mark.slow
 
@@ -71,19 +71,10 @@ class Frontend:
 @pytest.fixture
 def frontend(tmp_path: Any) -> Iterator[Frontend]:
     """A fresh kernel with kerasmagic loaded and the sidebar's comm open over a subshell."""
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(tmp_path))
-    client = km.client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
-        client.execute_interactive("%load_ext kerasmagic", timeout=60)
+    with real_kernel(str(tmp_path)) as (_, client):
         front = Frontend(client)
         front.open()
         yield front
-    finally:
-        client.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 def _idle_of(msg_id: str) -> Callable[[Message], bool]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import psutil
 import pytest
+from conftest import real_kernel
 from jupyter_client.manager import KernelManager
 
 pytestmark = pytest.mark.slow
@@ -19,15 +20,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KernelManager, Any]]:
     """A real ipykernel with kerasmagic loaded; shut down afterwards."""
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(tmp_path_factory.mktemp("kernel")))
-    client = km.client()
-    client.start_channels()
-    client.wait_for_ready(timeout=60)
-    execute(client, "%load_ext kerasmagic")
-    yield km, client
-    client.stop_channels()
-    km.shutdown_kernel(now=True)
+    with real_kernel(str(tmp_path_factory.mktemp("kernel"))) as (km, client):
+        yield km, client
 
 
 def execute(client: Any, code: str, timeout_s: float = 60) -> list[tuple[float, dict[str, Any]]]:
