@@ -17,6 +17,7 @@ from kerasmagic.backends.tensorflow.config import configure_gpus
 from kerasmagic.cleanup import cellrun, last_report, reset
 from kerasmagic.cleanup.cellcode import compile_cell
 from kerasmagic.cleanup.holders import live_models
+from kerasmagic.cleanup.interrupts import held_interrupts
 from kerasmagic.magicargs import keep_names, megabytes, parse_line
 from kerasmagic.probes import read_ram
 from kerasmagic.probes.variables import largest_variables
@@ -166,17 +167,22 @@ class KerasMagics(Magics):
         if any(getattr(args, name) is not None for name in ISOLATE_FLAGS):
             raise UsageError("--inputs, --outputs, --timeout, --gpus and --on need --isolate")
         header = f"%%fresh_model {line}".rstrip()
-        compiled = compile_cell(self.ip, self.ip.transform_cell(cell), header)  # or drop nothing
-        keep = keep_names(args.keep, self.ip.user_ns, compiled.assigned)
-        report = reset(
-            self.ip.user_ns,
-            rebinding=compiled.rebound,
-            keep=keep,
-            drop_all=args.drop_all,
-            dry_run=args.dry_run,
-            patch_stack_traces=self.patch_stack_traces,
-            shell=self.shell,
-        )
+        # Ctrl-C is held from here to the cell's start: a collection triggered anywhere in this
+        # phase runs gc callbacks (JAX registers one), and an interrupt raised inside one is
+        # printed as "Exception ignored" and lost.
+        with held_interrupts() as held:
+            compiled = compile_cell(self.ip, self.ip.transform_cell(cell), header)
+            keep = keep_names(args.keep, self.ip.user_ns, compiled.assigned)
+            report = reset(
+                self.ip.user_ns,
+                rebinding=compiled.rebound,
+                keep=keep,
+                drop_all=args.drop_all,
+                dry_run=args.dry_run,
+                patch_stack_traces=self.patch_stack_traces,
+                shell=self.shell,
+            )
+        held.deliver()
         if args.dry_run:
             print(f"kerasmagic: {report.summary()}")
             return None

@@ -118,12 +118,12 @@ def test_ctrl_c_at_random_moments_always_stops_the_cell(
 
         content, text = run(client, FIT, on_busy=interrupt)
         sent += 1
-        swallowed += content["status"] == "ok"
+        swallowed += content["status"] == "ok"  # "Exception ignored" (a gc callback) included
         if content["status"] == "error" and content["ename"] != "KeyboardInterrupt":
             # SIGINT inside TensorFlow's C code can surface as its SystemError: the cell still
             # stopped, at TensorFlow's frame, not kerasmagic's.
             assert content["ename"] == "SystemError" and "keras/src" in text, text
-        noisy += any(marker in text for marker in KERASMAGIC_ERRORS[:3])
+        noisy += "Error in callback" in text or "kerasmagic:" in text
         if content["status"] == "ok" or any(m in text for m in KERASMAGIC_ERRORS[:3]):
             print(f"\ninterrupt after {delay:.3f} s: {content['status']}\n{text[-1500:]}")
     print(f"\ninterrupts sent {sent}, swallowed {swallowed}, kerasmagic errors shown {noisy}")
