@@ -16,6 +16,7 @@ PARTS: tuple[str, ...] = (
     "kerasmagic.live",
     "kerasmagic.views.comm",
     "kerasmagic.cleanup.cellawait",
+    "kerasmagic.cleanup.lostinterrupts",
 )
 _loaded: dict[int, Any] = {}  # id(shell) -> KerasMagics instance
 

@@ -12,6 +12,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+import faultcounts
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from jupyter_client.manager import KernelManager
@@ -32,6 +33,14 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the fault-and-fuzz suite's counts (``faultcounts``) when any fault test ran."""
+    line = faultcounts.summary()
+    if line is not None:
+        terminalreporter.write_sep("-", "fault-and-fuzz suite")
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture
@@ -77,10 +86,10 @@ def kip(ip: InteractiveShell) -> InteractiveShell:
 
 
 @contextmanager
-def real_kernel(cwd: str) -> Iterator[tuple[KernelManager, Any]]:
-    """A real ipykernel in ``cwd`` with kerasmagic loaded; shut down afterwards."""
+def real_kernel(cwd: str, backend: str = "tensorflow") -> Iterator[tuple[KernelManager, Any]]:
+    """A real ipykernel in ``cwd`` on Keras ``backend`` with kerasmagic loaded; shut down after."""
     km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=cwd)
+    km.start_kernel(cwd=cwd, env={**os.environ, "KERAS_BACKEND": backend})
     client = km.client()
     client.start_channels()
     try:

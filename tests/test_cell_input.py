@@ -13,6 +13,7 @@ import time
 import weakref
 from typing import Any
 
+import faultcounts
 import pytest
 from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
@@ -226,6 +227,9 @@ def test_bad_fresh_model_lines(
     capsys.readouterr()
     kip.run_cell(f"%%fresh_model {line}\nmodel = build()\nz = 1", store_history=True)
     text = output(capsys)
+    faultcounts.add("bad inputs")
+    faultcounts.add("raw tracebacks", "Traceback" in text)
+    faultcounts.add("user values lost", (kip.user_ns["base"], kip.user_ns["model"]) != models)
     assert text.strip().count("\n") == 0 and text.startswith("UsageError:") and message in text
     assert (kip.user_ns["base"], kip.user_ns["model"]) == models and "z" not in kip.user_ns
 
@@ -291,6 +295,8 @@ def check_one(shell: InteractiveShell, capsys: pytest.CaptureFixture[str], cell:
     result = shell.run_cell(cell, store_history=True)
     text = output(capsys)
     refused = "UsageError:" in text
+    faultcounts.add("bad inputs")
+    faultcounts.add("raw tracebacks", "Traceback" in text or "Error in" in text)
     assert "Traceback" not in text and "Error in" not in text, cell[:200]
     assert result.error_before_exec is None, cell[:200]
     assert result.error_in_exec is None or refused, (cell[:200], result.error_in_exec)
@@ -315,6 +321,8 @@ def test_fuzzed_magic_lines(kip: InteractiveShell, capsys: pytest.CaptureFixture
     start = time.perf_counter()
     refused = sum(check_one(kip, capsys, cell) for cell in cells)
     elapsed_s = time.perf_counter() - start
+    lost = kip.user_ns.get("base") is not base or kip.user_ns.get("arr") is not arr
+    faultcounts.add("user values lost", lost or arr.tobytes() != arr_bytes)
     assert kip.user_ns["base"] is base and kip.user_ns["arr"] is arr
     assert arr.tobytes() == arr_bytes
     with capsys.disabled():

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import faultcounts
 import psutil
 import pytest
 from conftest import run
@@ -28,7 +29,6 @@ import kerasmagic
 from kerasmagic.isolate.outcome import IsolatedTimeout
 
 MARK = "KERASMAGIC_FAULT_TEST"
-COUNTS = {"isolation faults": 0, "bad inputs": 0, "raw tracebacks": 0, "left behind": 0}
 
 
 def _marked(token: str) -> list[psutil.Process]:
@@ -68,7 +68,7 @@ def marker(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     left = _left_behind(token, before)
     for proc in left:  # never leak, even from a failing test
         proc.kill()
-    COUNTS["left behind"] += len(left)
+    faultcounts.add("processes left behind", len(left))
     assert not left, f"{len(left)} processes left behind: {[p.cmdline() for p in left]}"
 
 
@@ -101,7 +101,7 @@ def test_timeout_kills_the_whole_tree_and_says_what(marker: str, tmp_path: Path)
     ready = tmp_path / "ready"
     with pytest.raises(IsolatedTimeout) as caught:
         kerasmagic.run_isolated(make_tree, str(ready), timeout=6)
-    COUNTS["isolation faults"] += 1
+    faultcounts.add("isolation faults")
     pids = _wait_for(ready, 0)
     message = str(caught.value)
     assert "killed" in message
@@ -117,7 +117,7 @@ def test_ctrl_c_kills_the_whole_tree(
     threading.Thread(target=lambda: (_wait_for(ready), _thread.interrupt_main())).start()
     with pytest.raises(KeyboardInterrupt):
         kerasmagic.run_isolated(make_tree, str(ready))
-    COUNTS["isolation faults"] += 1
+    faultcounts.add("isolation faults")
     err = capsys.readouterr().err
     assert "kerasmagic: interrupted; killed" in err
     assert all(f"pid {pid})" in err for pid in _wait_for(ready, 0))
@@ -145,7 +145,7 @@ def test_kernel_death_ends_the_tree_and_its_shm_folder(marker: str, tmp_path: Pa
     finally:
         kernel.kill()
         kernel.wait()
-    COUNTS["isolation faults"] += 1
+    faultcounts.add("isolation faults")
     assert not _left_behind(marker, before, wait_s=10)
     deadline = time.monotonic() + 5
     while os.path.exists(work) and time.monotonic() < deadline:
@@ -164,7 +164,7 @@ def chatter(seconds: float) -> None:
 def test_deadline_holds_while_the_child_prints(marker: str) -> None:
     start = time.monotonic()
     trials = kerasmagic.sweep(chatter, [30], timeout=2, progress=False, stream=False)
-    COUNTS["isolation faults"] += 1
+    faultcounts.add("isolation faults")
     assert trials[0].status == "timeout"
     assert time.monotonic() - start < 10, "a 2 s timeout must not wait for quiet output"
     assert trials[0].output.count("tick") > 20
@@ -175,7 +175,7 @@ def test_sweep_ctrl_c_while_the_child_prints(marker: str) -> None:
     threading.Timer(2.0, _thread.interrupt_main).start()
     start = time.monotonic()
     trials = kerasmagic.sweep(chatter, [30, 30], progress=False, stream=False)
-    COUNTS["isolation faults"] += 1
+    faultcounts.add("isolation faults")
     assert [t.status for t in trials] == ["interrupted", "interrupted"]
     assert time.monotonic() - start < 12
 
@@ -192,7 +192,7 @@ def test_session_escape_holding_stdout_neither_hangs_nor_loses_the_result(
 ) -> None:
     start = time.monotonic()
     assert kerasmagic.run_isolated(escape_holding_stdout, timeout=20) == 42
-    COUNTS["isolation faults"] += 1
+    faultcounts.add("isolation faults")
     assert time.monotonic() - start < 10
     assert "(left running by the isolated code)" in capsys.readouterr().err
 
@@ -211,7 +211,7 @@ def test_stdlib_named_files_in_the_notebook_folder(
     monkeypatch.syspath_prepend(str(tmp_path))  # a notebook's kernel has its folder on sys.path
     cell = "import os, helpers\nvalue = helpers.VALUE\ncwd = os.getcwd()"
     run(ip, f"%%fresh_model --isolate -q --outputs value cwd\n{cell}")
-    COUNTS["isolation faults"] += 1
+    faultcounts.add("isolation faults")
     assert ip.user_ns["value"] == 42 and ip.user_ns["cwd"] == str(tmp_path)
 
 
@@ -241,13 +241,13 @@ def test_bad_isolate_flags_are_one_usage_error_line(
 ) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # importing Ray would fail loudly
     run(ip, "kept = 'value'")
-    COUNTS["bad inputs"] += 1
+    faultcounts.add("bad inputs")
     try:
         ip.run_cell_magic("fresh_model", line, "kept = 'lost'")
     except UsageError as exc:
         assert flag in str(exc) and "\n" not in str(exc)
     except BaseException:
-        COUNTS["raw tracebacks"] += 1
+        faultcounts.add("raw tracebacks")
         raise
     else:
         pytest.fail(f"{line!r} was accepted")
@@ -262,7 +262,7 @@ def test_bad_ray_addresses_fail_before_ray_is_imported(
     monkeypatch: pytest.MonkeyPatch, on: str
 ) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # importing Ray would raise ImportError
-    COUNTS["bad inputs"] += 3
+    faultcounts.add("bad inputs", 3)
     with pytest.raises(ValueError, match="on: expected 'ray' or 'ray://host:port'"):
         kerasmagic.run_isolated(len, "abc", on=on)
     with pytest.raises(ValueError, match="on: expected"):
@@ -273,7 +273,7 @@ def test_bad_ray_addresses_fail_before_ray_is_imported(
 
 @pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1.0, 0])
 def test_bad_timeouts_in_the_api(timeout: float) -> None:
-    COUNTS["bad inputs"] += 1
+    faultcounts.add("bad inputs")
     with pytest.raises(ValueError, match="timeout must be a positive, finite number"):
         kerasmagic.run_isolated(len, "abc", timeout=timeout)
 
@@ -284,10 +284,3 @@ def test_empty_gpus_means_cpu_only(ip: InteractiveShell, marker: str) -> None:
         cell = "import os\ncuda = os.environ['CUDA_VISIBLE_DEVICES']"
         run(ip, f"%%fresh_model --isolate -q {line} --outputs cuda\n{cell}")
         assert ip.user_ns["cuda"] == ""
-
-
-def test_counts_are_reported(capsys: pytest.CaptureFixture[str]) -> None:
-    """Print the counts of this file (run last in the file) and check the zero ones."""
-    with capsys.disabled():
-        print("\nisolation fault counts:", ", ".join(f"{k} {v}" for k, v in COUNTS.items()))
-    assert COUNTS["raw tracebacks"] == 0 and COUNTS["left behind"] == 0

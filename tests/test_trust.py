@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -215,6 +216,69 @@ def test_ctrl_c_in_the_post_cell_hook(ip: InteractiveShell, capsys: Any) -> None
     assert monitor.history()[-1].execution_count == result.execution_count
 
 
+INTERRUPT_IN_GC_CALLBACK = """
+import gc, os, signal
+
+def _interrupt_once(phase, info, fired=[]):
+    if phase == "start" and not fired:
+        fired.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # Python runs the SIGINT handler here, inside the callback
+            pass
+
+gc.callbacks.append(_interrupt_once)
+try:
+    gc.collect()
+    reached = True
+finally:
+    gc.callbacks.remove(_interrupt_once)
+"""
+
+
+def test_ctrl_c_landing_in_a_gc_callback_still_stops_a_plain_cell(
+    ip: InteractiveShell, capsys: Any
+) -> None:
+    """JAX's gc callback, TF's finalizers: an interrupt there used to be printed and dropped."""
+    result = ip.run_cell(INTERRUPT_IN_GC_CALLBACK, store_history=True)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt), "the Ctrl-C was swallowed"
+    assert "reached" not in ip.user_ns
+    assert "Exception ignored" not in capsys.readouterr().err
+    ip.run_line_magic("unload_ext", "kerasmagic")  # unloaded: Python's own behaviour is back
+    try:
+        result = ip.run_cell(INTERRUPT_IN_GC_CALLBACK, store_history=True)
+        assert result.success and ip.user_ns["reached"] is True  # Python dropped it
+    finally:
+        ip.run_line_magic("load_ext", "kerasmagic")
+
+
+def test_ctrl_c_in_a_finalizer_during_the_users_code(ip: InteractiveShell) -> None:
+    ip.run_cell(
+        "import os, signal\n"
+        "class Bomb:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        for _ in range(1000):\n"
+        "            pass\n"
+        "bomb = Bomb()\nran = 0"
+    )
+    result = ip.run_cell("del bomb\nran = 1", store_history=True)  # the user's code, not ours
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert ip.user_ns["ran"] == 0
+
+
+def test_other_unraisable_exceptions_reach_the_previous_hook(ip: InteractiveShell) -> None:
+    seen: list[Any] = []
+    hook = sys.unraisablehook
+    assert hook.__class__.__name__ == "RedeliverInterrupts"
+    previous, hook.previous = hook.previous, seen.append  # type: ignore[attr-defined]
+    try:
+        ip.run_cell("class Bad:\n    def __del__(self): raise ValueError('x')\nBad()\n0")
+        gc.collect()
+    finally:
+        hook.previous = previous  # type: ignore[attr-defined]
+    assert [u.exc_type for u in seen] == [ValueError]
+
+
 # -- load / unload ---------------------------------------------------------------------------
 def _alive(type_name: str) -> int:
     return sum(1 for o in gc.get_objects() if type(o).__name__ == type_name)
@@ -224,6 +288,7 @@ def test_load_unload_cycles_leave_nothing_behind(ip: InteractiveShell) -> None:
     ip.run_line_magic("unload_ext", "kerasmagic")
     gc.collect()
     before = {name: _alive(name) for name in ("KerasMagics", "LiveMonitor", "Sampler")}
+    hook = sys.unraisablehook
     for _ in range(20):
         ip.run_line_magic("load_ext", "kerasmagic")
         ip.run_line_magic("reload_ext", "kerasmagic")
@@ -235,6 +300,7 @@ def test_load_unload_cycles_leave_nothing_behind(ip: InteractiveShell) -> None:
     samplers = [t for t in threading.enumerate() if t.name == "kerasmagic-sampler"]
     assert not samplers
     assert "fresh_model" not in ip.magics_manager.magics["cell"]
+    assert sys.unraisablehook is hook, "the lost-interrupt hook stayed"
     ip.run_line_magic("load_ext", "kerasmagic")  # the fixture unloads it
 
 

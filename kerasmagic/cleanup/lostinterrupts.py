@@ -1,0 +1,101 @@
+"""Re-raise a Ctrl-C that Python would drop because it landed in a finalizer or gc callback.
+
+An interrupt raised while a ``__del__``, a weakref callback or a gc callback runs (JAX registers
+one; TensorFlow and Keras keep weakref callbacks) cannot propagate: Python hands it to
+``sys.unraisablehook``, which prints "Exception ignored" and drops it, and the cell runs on to
+its end. While the extension is loaded, kerasmagic's hook raises it again in the code that was
+interrupted: the frame that was running when the callback started gets ``KeyboardInterrupt`` at
+its next opcode, through a one-shot trace function on that frame alone (``sys.settrace``), as a
+Ctrl-C that had not met a callback would. Callbacks still to run in the same collection are
+left alone (their frames are new ones, not traced). Re-arming the signal instead would raise
+inside this hook, or inside the next callback, and be lost again.
+
+With a tracer in place (a debugger, coverage) the interrupt is shown and dropped as Python
+does; every other unraisable exception goes to the hook that was there before.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+
+class RaiseInFrame:
+    """Raise ``KeyboardInterrupt`` in ``frame`` at its next opcode, once (``sys.settrace``).
+
+    Only ``frame`` is traced: frames that start meanwhile (callbacks still to run) are not.
+    """
+
+    def __init__(self, frame: FrameType) -> None:
+        self._frame: FrameType | None = frame
+        frame.f_trace_lines = False
+        frame.f_trace_opcodes = True
+        frame.f_trace = self._local
+        sys.settrace(self._new_frame)  # tracing on: the frame's own f_trace is called
+
+    def _new_frame(self, frame: FrameType, event: str, arg: object) -> None:
+        return None  # frames called from now on are not traced
+
+    def _local(self, frame: FrameType, event: str, arg: object) -> Any:
+        __tracebackhide__ = True  # read by IPython's traceback formatter
+        if frame is not self._frame:
+            return None
+        sys.settrace(None)
+        frame.f_trace, self._frame = None, None
+        raise KeyboardInterrupt
+
+
+class RedeliverInterrupts:
+    """A ``sys.unraisablehook`` that re-raises a lost Ctrl-C and passes the rest on."""
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+        self.active = True
+        self.redelivered = 0
+
+    def __call__(self, unraisable: Any) -> None:
+        exc_type = getattr(unraisable, "exc_type", None)
+        if (
+            self.active
+            and isinstance(exc_type, type)
+            and issubclass(exc_type, KeyboardInterrupt)
+            and threading.current_thread() is threading.main_thread()
+            and sys.gettrace() is None
+        ):
+            try:
+                interrupted = sys._getframe(1)  # the frame running when the callback began
+            except ValueError:  # called from C with no Python frame: nothing to raise in
+                interrupted = None
+            if interrupted is not None:
+                self.redelivered += 1
+                RaiseInFrame(interrupted)
+                return
+        self.previous(unraisable)
+
+
+_hook: RedeliverInterrupts | None = None
+_shells: set[int] = set()  # shells that loaded the extension: the hook stays while any does
+
+
+def load(shell: Any, magics: Any) -> None:
+    """Put the hook in place (once per process, whatever number of shells load the extension)."""
+    global _hook
+    del magics
+    _shells.add(id(shell))
+    if _hook is None:
+        _hook = RedeliverInterrupts(sys.unraisablehook)
+        sys.unraisablehook = _hook
+
+
+def unload(shell: Any) -> None:
+    """Restore the previous hook; if another hook wrapped ours since, ours passes everything on."""
+    global _hook
+    _shells.discard(id(shell))
+    if _hook is None or _shells:
+        return
+    if sys.unraisablehook is _hook:
+        sys.unraisablehook = _hook.previous
+    _hook.active = False
+    _hook = None
