@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from kerasmagic.backends.tensorflow import stack as tfstack
+from kerasmagic.cleanup.cellrun import RUNNERS
 
 PARTS: tuple[str, ...] = (
     "kerasmagic.live",
@@ -32,6 +33,10 @@ def load(shell: Any) -> None:
     _loaded[id(shell)] = magics
     for part in PARTS:
         importlib.import_module(part).load(shell, magics)
+    for runner in (*RUNNERS, getattr(type(shell), "run_code", None)):
+        code = getattr(runner, "__code__", None)
+        if code is not None:
+            tfstack.stop_at(code)  # op stack traces end at the cell, not the kernel above it
     if magics.patch_stack_traces and "tensorflow" in sys.modules:
         tfstack.install()
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -53,7 +54,9 @@ def test_purge_without_tensorflow_registry_is_a_no_op(monkeypatch: pytest.Monkey
 
 
 def _frames(trace: object) -> list[tuple[str, int, str]]:
-    return [(f.filename, f.lineno, f.name) for f in trace]  # type: ignore[attr-defined]
+    """The frames of an op's trace that are not TensorFlow's own (kerasmagic records these)."""
+    frames = [(f.filename, f.lineno, f.name) for f in trace]  # type: ignore[attr-defined]
+    return [f for f in frames if not ("tensorflow/python" in f[0] and "keras" not in f[0])]
 
 
 def test_string_stacks_match_tensorflows_own() -> None:
@@ -159,17 +162,52 @@ def test_autograph_source_mapped_frames_match_tensorflows_own() -> None:
 
 
 def test_runtime_error_names_the_users_line() -> None:
-    tfstack.install()
+    def run_bad() -> str:
+        @tf.function(input_signature=[tf.TensorSpec([None])])
+        def bad(v: tf.Tensor) -> tf.Tensor:
+            return tf.gather(v, [10])  # fails when it runs, not when it is traced
 
-    @tf.function(input_signature=[tf.TensorSpec([None])])
-    def bad(v: tf.Tensor) -> tf.Tensor:
-        return tf.gather(v, [10])  # fails when it runs, not when it is traced
+        with pytest.raises(tf.errors.InvalidArgumentError) as err:
+            bad(tf.ones([3]))
+        return str(err.value).partition("indices[0]")[0]  # TF's C++ formats this message
 
-    line = bad.python_function.__code__.co_firstlineno + 2  # TF's C++ formats this message
-    with pytest.raises(tf.errors.InvalidArgumentError) as err:
-        bad(tf.ones([3]))
-    text = str(err.value)
-    assert "defined at" in text and f"line {line}, in bad" in text, text
+    native, ours = _both(run_bad)
+    line = run_bad.__code__.co_firstlineno + 3
+    assert ours == native, "TensorFlow's 'defined at' lists other frames with kerasmagic's capture"
+    assert "defined at" in ours and f"line {line}, in bad" in ours  # type: ignore[operator]
+    assert "tensorflow/python" not in ours  # type: ignore[operator]
+
+
+CELL_TRACES = (
+    "{prefix}import tensorflow as tf\n"
+    "def f(v):\n"
+    "    return tf.nn.relu(v * 2.0)\n"
+    "g = tf.function(f).get_concrete_function(tf.TensorSpec([3])).graph\n"
+    "traces = [[(x.filename, x.lineno, x.name) for x in op.traceback] for op in g.get_operations()]"
+)
+
+
+@pytest.mark.parametrize("prefix", ["", "%%fresh_model -q\n"])
+def test_traces_end_at_the_notebook_cell(ip: object, prefix: str) -> None:
+    """Frames above the cell (IPython, the kernel, kerasmagic's runner) are not recorded."""
+    from kerasmagic._extension import magics_for
+
+    shell: Any = ip
+    found = []
+    for patched in (False, True):
+        tfstack.uninstall()
+        assert not patched or tfstack.install() is None
+        magics_for(shell).patch_stack_traces = patched  # else %%fresh_model's cleanup patches
+        assert shell.run_cell(CELL_TRACES.format(prefix=prefix)).success
+        found.append(shell.user_ns["traces"])
+    native, ours = found
+    cell = [f for t in ours for f in t if f[2] == "<module>"]
+    assert cell and all(t[0][2] == "<module>" for t in ours), "a trace goes above the cell"
+    assert any("IPython" in f[0] for t in native for f in t)  # TensorFlow's own goes on up
+    for mine, theirs in zip(ours, native, strict=True):
+        kept = [f for f in theirs if not ("tensorflow/python" in f[0] and "keras" not in f[0])]
+        start = max(i for i, f in enumerate(kept) if f[2] == "<module>")  # the cell's own frame
+        assert [f[1:] for f in mine] == [f[1:] for f in kept[start:]]  # the cell's name differs
 
 
 REPRO = """

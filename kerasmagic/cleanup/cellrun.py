@@ -100,3 +100,6 @@ async def _run_code(code: CodeType, glob: dict[str, Any], loc: Any) -> Any:
         coro: Coroutine[Any, Any, Any] = value
         return await coro
     return value
+
+
+RUNNERS: tuple[Callable[..., Any], ...] = (_run_sync, _run_code)  # a cell's frame's caller

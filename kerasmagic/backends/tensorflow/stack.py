@@ -5,9 +5,13 @@ memoises each deep stack in a process-wide map keyed by code objects, never empt
 cell re-run is a new code object, so every re-run ``fit`` adds ~350 entries (~0.5 MB) that ``gc``
 cannot see. ``ops.py`` looks ``tf_stack.extract_stack`` up at call time, so it is swapped for a
 Python walk that applies TensorFlow's own source maps and filters and hands back a trace made of
-strings: ``op.traceback`` is the same and no code object is held. Runtime errors still name the
-user's line after "defined at", but list TensorFlow's own frames there too: a trace made of
-strings cannot tell TensorFlow which frames are its own (loaded as is, it would list none).
+strings: no code object is held.
+
+What is recorded: the frames TensorFlow's error messages show as "defined at", the user's
+frames. TensorFlow's own frames (its C++ rule: a file under ``tensorflow/python``, Keras's
+excepted) are left out, so the message reads as it does natively; and the walk ends at the
+notebook cell (``stop_at``: IPython's and kerasmagic's cell runners), leaving out the kernel's
+30 to 70 frames above it. ``op.traceback`` is TensorFlow's minus those frames.
 
 Speed (``benchmarks/stack_traces.py``): stacks share their outer frames and many ops share a
 whole stack (a layer's ops, a loop, the next model), so traces live in a tree of frames keyed
@@ -23,6 +27,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 from kerasmagic.backends.tensorflow import tracetree
@@ -30,7 +35,9 @@ from kerasmagic.backends.tensorflow import tracetree
 MAX_MAPS = 64  # source maps whose files are remembered (autograph builds one per function)
 
 _original: Callable[..., Any] | None = None
+_stops: dict[int, CodeType] = {}  # id -> code whose frames (and those above) are not recorded
 _map_files: dict[int, tuple[Any, frozenset[str]]] = {}
+_own: dict[str, bool] = {}  # file -> whether it is TensorFlow's own (not recorded)
 _NO_FILES: frozenset[str] = frozenset()
 
 
@@ -48,27 +55,39 @@ def _modules() -> tuple[Any, Any] | None:
     return tf_stack, native
 
 
-def _key(frame: Any, drop: int, source_map: Any, filtered: Any) -> list[object]:
+def _key(frame: Any, drop: int, source_map: Any, filtered: Any, kept: list[Any]) -> list[object]:
     """Return one entry per frame TensorFlow keeps, innermost first, without line numbers.
 
-    TensorFlow drops filtered files, then the ``drop`` innermost frames left. A line follows
-    from the code's first line, line table and last instruction, so those stand in for it;
-    frames in a source-mapped file are mapped here (the result is the entry).
+    TensorFlow drops filtered files, then the ``drop`` innermost frames left; its own frames
+    and the kernel's above a notebook cell (``stop_at``) are not recorded. A line follows from
+    the code's first line, line table and last instruction, so those stand in for it; frames in
+    a source-mapped file are mapped here (the result is the entry). The frames are appended to
+    ``kept``, so that the lines of new ones can be read without another walk.
     """
     mapped_files = _mapped_files(source_map)
     out: list[object] = []
-    append = out.append
+    append, keep, own, stops = out.append, kept.append, _own.get, _stops
     while frame is not None:
         code = frame.f_code
+        if id(code) in stops:  # by id: a code object's own hash reads its whole bytecode
+            break
         filename = code.co_filename
-        if filename in filtered:
-            pass
-        elif filename in mapped_files:
-            append(_frame(frame, source_map))
-        else:
-            append((filename, code.co_name, code.co_firstlineno, code.co_linetable, frame.f_lasti))
+        if filename not in filtered:
+            if drop:
+                drop -= 1
+            else:
+                tensorflows = own(filename)
+                if tensorflows is None:
+                    tensorflows = _is_tensorflows(filename)
+                if not tensorflows:
+                    keep(frame)
+                    if filename in mapped_files:
+                        append(_frame(frame, source_map))
+                    else:
+                        line = (code.co_firstlineno, code.co_linetable, frame.f_lasti)
+                        append((filename, code.co_name, *line))
         frame = frame.f_back
-    return out[drop:] if drop else out
+    return out
 
 
 def _frame(frame: Any, source_map: Any) -> tuple[str, int, str]:
@@ -78,19 +97,15 @@ def _frame(frame: Any, source_map: Any) -> tuple[str, int, str]:
     return mapped or (code.co_filename, lineno, code.co_name)  # type: ignore[no-any-return]
 
 
-def _inner_frames(
-    frame: Any, drop: int, count: int, source_map: Any, filtered: Any
-) -> list[tuple[str, int, str]]:
-    """Return the ``count`` innermost frames ``_key`` keeps, as (file, line, function)."""
-    out: list[tuple[str, int, str]] = []
-    while frame is not None and len(out) < count:
-        if frame.f_code.co_filename not in filtered:
-            if drop:
-                drop -= 1
-            else:
-                out.append(_frame(frame, source_map))
-        frame = frame.f_back
-    return out
+def _is_tensorflows(filename: str) -> bool:
+    """Return whether ``filename`` is TensorFlow's own, as its C++ judges user frames."""
+    own = _own.get(filename)
+    if own is None:
+        path = filename.replace("\\", "/")
+        own = _own[filename] = (
+            "tensorflow/python" in path and "keras" not in path and "test.py" not in path
+        )
+    return own
 
 
 def _mapped_files(source_map: Any) -> Any:
@@ -117,23 +132,33 @@ def _make_extract_stack(tf_stack: Any, native: Any) -> Callable[..., Any]:
         filtered = filters[thread][-1].get_filtered_filenames()
         # TensorFlow's own capture starts in its extract_stack; ours is not on the stack.
         caller, drop = sys._getframe(1), max(stacklevel - 1, 0)
-        scope = (source_map, filtered)
-        key = _key(caller, drop, *scope)
+        kept: list[Any] = []
+        key = _key(caller, drop, source_map, filtered, kept)
         node, missing = tracetree.find(key)
         if missing == 0 and node.trace is not None:
             return node.trace
+
+        def frames(positions: list[int]) -> list[tuple[str, int, str]]:
+            return [_frame(kept[position], source_map) for position in positions]
+
         try:
-            leaf, pieces = tracetree.grow(
-                key, missing, lambda: _inner_frames(caller, drop, missing, *scope)
-            )
+            leaf, pieces = tracetree.grow(key, missing, frames)
         except KeyError:  # another thread reset the tree meanwhile: add the whole stack
-            leaf, pieces = tracetree.grow(
-                key, len(key), lambda: _inner_frames(caller, drop, len(key), *scope)
-            )
+            leaf, pieces = tracetree.grow(key, len(key), frames)
         leaf.trace = load(tracetree.encode(leaf, pieces))["t"][:]  # [:]: keeps user frames
         return leaf.trace
 
     return extract_stack
+
+
+def stop_at(code: CodeType) -> None:
+    """Record op stacks up to, not including, frames of ``code`` (a notebook cell's runner).
+
+    The kernel's own frames above a cell (runpy, the event loop, IPython's machinery, ~30 to 70
+    frames) are the same for every op of every cell; leaving them out of the traces makes each
+    op's capture cheaper, and TensorFlow's "defined at" lists shorter.
+    """
+    _stops[id(code)] = code  # kept, so the id stays its own
 
 
 def clear_cache() -> int:

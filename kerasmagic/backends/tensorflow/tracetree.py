@@ -34,7 +34,10 @@ class Node:
 _root = Node(b"", {})
 _nodes = 0
 _file_fields: dict[str, bytes] = {}
-_tails: dict[object, tuple[str, bytes]] = {}
+_tails: dict[object, tuple[str, bytes]] = {}  # entry -> (file, FileLineCol fields but the file)
+_pieces: dict[tuple[int, bytes], bytes] = {}  # (file index, tail) -> the frame's field
+_grown: dict[tuple[int, str], dict[str, int]] = {}  # (id(files), file) -> files with it added
+_headers: dict[int, tuple[dict[str, int], bytes]] = {}  # id(files) -> (files, encoded list)
 
 
 def find(key: Sequence[object]) -> tuple[Node, int]:
@@ -49,11 +52,11 @@ def find(key: Sequence[object]) -> tuple[Node, int]:
 
 
 def grow(
-    key: Sequence[object], missing: int, frames: Callable[[], Sequence[Frame]]
+    key: Sequence[object], missing: int, frames: Callable[[list[int]], Sequence[Frame]]
 ) -> tuple[Node, list[bytes]]:
-    """Add the ``missing`` innermost entries of ``key``; ``frames()`` gives them as frames.
+    """Add the ``missing`` innermost entries of ``key``; ``frames(positions)`` gives those frames.
 
-    ``frames`` is only called if an entry is new to every stack (its line is computed then).
+    ``frames`` is only asked for entries new to every stack (their lines are computed then).
     Return the node of the whole stack and the pieces of the frames on its path.
     """
     global _nodes
@@ -61,13 +64,17 @@ def grow(
     for entry in reversed(key[missing:]):
         node = node.children[entry]
         pieces.append(node.piece)
-    for entry, (filename, tail) in zip(
-        reversed(key[:missing]), reversed(_tails_of(key[:missing], frames)), strict=True
-    ):
+    new = key[:missing]
+    tails = _tails_of(new, frames)
+    for entry, (filename, tail) in zip(reversed(new), reversed(tails), strict=True):
         files = node.files
-        if filename not in files:
-            files = {**files, filename: len(files)}
-        piece = _field(b"\x0a", b"\x08" + _varint(files[filename]) + tail)
+        index = files.get(filename)
+        if index is None:
+            files = _with_file(files, filename)
+            index = files[filename]
+        piece = _pieces.get((index, tail))
+        if piece is None:
+            piece = _pieces[(index, tail)] = _field(b"\x0a", b"\x08" + _varint(index) + tail)
         node = node.children.setdefault(entry, Node(piece, files))
         pieces.append(node.piece)
     _nodes += missing
@@ -77,16 +84,25 @@ def grow(
 
 
 def _tails_of(
-    entries: Sequence[object], frames: Callable[[], Sequence[Frame]]
+    entries: Sequence[object], frames: Callable[[list[int]], Sequence[Frame]]
 ) -> list[tuple[str, bytes]]:
     """Return each entry's file and FileLineCol line and function fields."""
     tails = [_tails.get(entry) for entry in entries]
-    if None in tails:
-        for i, (filename, lineno, func) in enumerate(frames()):
-            if tails[i] is None:
-                tail = b"\x10" + _varint(lineno) + _field(b"\x22", _utf8(func or ""))
-                tails[i] = _tails[entries[i]] = (filename, tail)
+    wanted = [i for i, tail in enumerate(tails) if tail is None]
+    if wanted:
+        for i, (filename, lineno, func) in zip(wanted, frames(wanted), strict=True):
+            tail = b"\x10" + _varint(lineno) + _field(b"\x22", _utf8(func or ""))
+            tails[i] = _tails[entries[i]] = (filename, tail)
     return tails  # type: ignore[return-value]
+
+
+def _with_file(files: dict[str, int], filename: str) -> dict[str, int]:
+    """Return ``files`` with ``filename`` numbered next (one dict per parent and file)."""
+    step = (id(files), filename)  # files dicts live as long as the tree: their ids stay theirs
+    grown = _grown.get(step)
+    if grown is None:
+        grown = _grown[step] = {**files, filename: len(files)}
+    return grown
 
 
 def encode(node: Node, pieces: Sequence[bytes]) -> bytes:
@@ -99,19 +115,24 @@ def clear() -> int:
     """Drop every node; return how many there were."""
     global _root, _nodes
     count, _root, _nodes = _nodes, Node(b"", {}), 0
-    _file_fields.clear()
-    _tails.clear()
+    for memo in (_file_fields, _tails, _pieces, _grown, _headers):
+        memo.clear()
     return count
 
 
 def _files(files: dict[str, int]) -> bytes:
+    known = _headers.get(id(files))
+    if known is not None and known[0] is files:
+        return known[1]
     out = []
     for name in files:  # in index order: a dict keeps insertion order
         field = _file_fields.get(name)
         if field is None:
             field = _file_fields[name] = _field(b"\x0a", _utf8(name))
         out.append(field)
-    return b"".join(out)
+    header = b"".join(out)
+    _headers[id(files)] = (files, header)
+    return header
 
 
 def _varint(value: int) -> bytes:
