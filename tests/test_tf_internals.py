@@ -246,3 +246,24 @@ def test_string_stacks_stop_pinning_old_cells_code() -> None:
     unpatched, patched = map(int, out.stdout.split()[-2:])
     assert unpatched > 100, (unpatched, patched)  # ~290 with TF 2.21 for one small fit
     assert patched < unpatched / 5, (unpatched, patched)  # what is left: the eager path
+
+
+def test_a_stack_of_tensorflows_own_frames_still_records_one() -> None:
+    """An op made from TensorFlow's frames alone keeps its innermost one (never an empty trace)."""
+    tfstack.install()
+    namespace: dict[str, Any] = {"tf": tf}
+    fake = "/site-packages/tensorflow/python/ops/made_up.py"  # TensorFlow's by its C++ rule
+    exec(compile("def make(v):\n    return tf.nn.relu(v)\n", fake, "exec"), namespace)
+    with tf.Graph().as_default() as graph:
+        v = tf.constant([1.0])
+        tfstack_stop = tfstack._stops.copy()
+        try:
+            tfstack.stop_at(sys._getframe().f_code)  # nothing above this test is recorded
+            namespace["make"](v)
+        finally:
+            tfstack._stops.clear()
+            tfstack._stops.update(tfstack_stop)
+    relu = next(op for op in graph.get_operations() if op.type == "Relu")
+    frames = [(f.filename, f.name) for f in relu.traceback]
+    assert len(frames) == 1 and "tensorflow/python" in frames[0][0]  # the innermost kept
+    assert relu.traceback.last_user_frame() is not None

@@ -67,6 +67,7 @@ def _key(frame: Any, drop: int, source_map: Any, filtered: Any, kept: list[Any])
     mapped_files = _mapped_files(source_map)
     out: list[object] = []
     append, keep, own, stops = out.append, kept.append, _own.get, _stops
+    innermost = None  # recorded if every frame is TensorFlow's: a trace is never empty
     while frame is not None:
         code = frame.f_code
         if id(code) in stops:  # by id: a code object's own hash reads its whole bytecode
@@ -83,11 +84,24 @@ def _key(frame: Any, drop: int, source_map: Any, filtered: Any, kept: list[Any])
                     keep(frame)
                     if filename in mapped_files:
                         append(_frame(frame, source_map))
-                    else:
+                    else:  # as _entry, inline: this runs for every frame of every op
                         line = (code.co_firstlineno, code.co_linetable, frame.f_lasti)
                         append((filename, code.co_name, *line))
+                elif innermost is None:
+                    innermost = frame
         frame = frame.f_back
+    if not out and innermost is not None:
+        keep(innermost)
+        append(_entry(innermost, source_map, mapped_files))
     return out
+
+
+def _entry(frame: Any, source_map: Any, mapped_files: Any) -> object:
+    """Return ``frame``'s entry: what decides its line, or its mapped (file, line, function)."""
+    code = frame.f_code
+    if code.co_filename in mapped_files:
+        return _frame(frame, source_map)
+    return (code.co_filename, code.co_name, code.co_firstlineno, code.co_linetable, frame.f_lasti)
 
 
 def _frame(frame: Any, source_map: Any) -> tuple[str, int, str]:
