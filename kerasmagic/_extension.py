@@ -12,6 +12,7 @@ from typing import Any
 
 from kerasmagic.backends.tensorflow import stack as tfstack
 from kerasmagic.cleanup.cellrun import RUNNERS
+from kerasmagic.cleanup.heap import pin_mmap_threshold
 
 PARTS: tuple[str, ...] = (
     "kerasmagic.live",
@@ -39,6 +40,7 @@ def load(shell: Any) -> None:
             tfstack.stop_at(code)  # op stack traces end at the cell, not the kernel above it
     if magics.patch_stack_traces and "tensorflow" in sys.modules:
         tfstack.install()
+    pin_mmap_threshold(magics.mmap_threshold_mb)  # big freed blocks go back to the OS
 
 
 def unload(shell: Any) -> None:

@@ -10,12 +10,13 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
-from traitlets import Bool
+from traitlets import Bool, Int, observe
 
 from kerasmagic.backends.tensorflow.alloc import reset_peaks
 from kerasmagic.backends.tensorflow.config import configure_gpus
 from kerasmagic.cleanup import cellrun, last_report, reset
 from kerasmagic.cleanup.cellcode import compile_cell
+from kerasmagic.cleanup.heap import pin_mmap_threshold
 from kerasmagic.cleanup.holders import live_models
 from kerasmagic.cleanup.interrupts import held_interrupts
 from kerasmagic.magicargs import keep_names, megabytes, parse_line
@@ -42,6 +43,16 @@ class KerasMagics(Magics):
         True,
         help="Record TF op stack traces as strings so re-run cells stop growing TF's frame cache.",
     ).tag(config=True)
+    mmap_threshold_mb = Int(
+        4,
+        help="Pin glibc's mmap threshold (MiB) at load, so big freed blocks go back to the OS "
+        "instead of growing the heap run after run; 0 leaves glibc's dynamic threshold alone "
+        "(a pin cannot be undone: glibc has no call back to its dynamic mode).",
+    ).tag(config=True)
+
+    @observe("mmap_threshold_mb")
+    def _pin_heap(self, change: Any) -> None:
+        pin_mmap_threshold(change["new"])
 
     @property
     def ip(self) -> Any:

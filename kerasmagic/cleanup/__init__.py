@@ -18,7 +18,8 @@ from kerasmagic.backends.tensorflow import stack as tfstack
 from kerasmagic.backends.tensorflow.alloc import read_tf
 from kerasmagic.backends.tensorflow.purge import purge_custom_gradients
 from kerasmagic.backends.tensorflow.traces import clear_stale_traces
-from kerasmagic.cleanup.backend import malloc_trim, reset_backend
+from kerasmagic.cleanup.backend import reset_backend
+from kerasmagic.cleanup.heap import malloc_trim
 from kerasmagic.cleanup.holders import namespace_paths, referrer_kinds
 from kerasmagic.cleanup.interrupts import held_interrupts
 from kerasmagic.cleanup.report import CleanupReport

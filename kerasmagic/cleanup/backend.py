@@ -1,4 +1,4 @@
-"""Reset the Keras backend's global state and hand freed heap back to the OS.
+"""Reset the Keras backend's global state.
 
 ``clear_session()`` resets names, graphs and kernel caches, and with them user settings kept in
 the same global state (dtype policy, random seed): those are saved and put back. Then each
@@ -7,9 +7,6 @@ backend in use empties its own caches (``kerasmagic.backends``).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
 import sys
 from typing import Any
 
@@ -61,11 +58,3 @@ def reset_backend() -> list[str]:
 
     done.extend(reset_active())
     return done
-
-
-def malloc_trim() -> None:
-    """Hand freed heap pages back to the OS (glibc), so RSS shows what was freed."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):  # musl and others lack malloc_trim
-        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
