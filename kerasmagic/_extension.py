@@ -7,6 +7,7 @@ Optional parts (the live monitor, the sidebar comm) are modules listed in ``PART
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from typing import Any
 
@@ -20,6 +21,7 @@ PARTS: tuple[str, ...] = (
     "kerasmagic.cleanup.cellawait",
     "kerasmagic.cleanup.lostinterrupts",
 )
+log = logging.getLogger(__name__)
 _loaded: dict[int, Any] = {}  # id(shell) -> KerasMagics instance
 
 
@@ -40,7 +42,9 @@ def load(shell: Any) -> None:
             tfstack.stop_at(code)  # op stack traces end at the cell, not the kernel above it
     if magics.patch_stack_traces and "tensorflow" in sys.modules:
         tfstack.install()
-    pin_mmap_threshold(magics.mmap_threshold_mb)  # big freed blocks go back to the OS
+    said = pin_mmap_threshold(magics.mmap_threshold_mb)  # big freed blocks go back to the OS
+    if "refused" in said:
+        log.warning("kerasmagic: %s", said)
 
 
 def unload(shell: Any) -> None:

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
-from traitlets import Bool, Int, observe
+from traitlets import Bool, Int, TraitError, observe, validate
 
 from kerasmagic.backends.tensorflow.alloc import reset_peaks
 from kerasmagic.backends.tensorflow.config import configure_gpus
 from kerasmagic.cleanup import cellrun, last_report, reset
 from kerasmagic.cleanup.cellcode import compile_cell
-from kerasmagic.cleanup.heap import pin_mmap_threshold
+from kerasmagic.cleanup.heap import MAX_MB, pin_mmap_threshold
 from kerasmagic.cleanup.holders import live_models
 from kerasmagic.cleanup.interrupts import held_interrupts
 from kerasmagic.magicargs import keep_names, megabytes, parse_line
@@ -34,6 +35,8 @@ from kerasmagic.views.render import (
 
 ISOLATE_FLAGS = ("inputs", "outputs", "timeout", "gpus", "on")
 
+log = logging.getLogger(__name__)
+
 
 @magics_class
 class KerasMagics(Magics):
@@ -50,9 +53,16 @@ class KerasMagics(Magics):
         "(a pin cannot be undone: glibc has no call back to its dynamic mode).",
     ).tag(config=True)
 
+    @validate("mmap_threshold_mb")
+    def _valid_threshold(self, proposal: Any) -> int:
+        value = int(proposal["value"])
+        if not 0 <= value <= MAX_MB:
+            raise TraitError(f"mmap_threshold_mb must be 0 to {MAX_MB} (MiB), not {value}")
+        return value
+
     @observe("mmap_threshold_mb")
     def _pin_heap(self, change: Any) -> None:
-        pin_mmap_threshold(change["new"])
+        log.info("kerasmagic: %s", pin_mmap_threshold(change["new"]))
 
     @property
     def ip(self) -> Any:

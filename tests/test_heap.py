@@ -72,3 +72,22 @@ def test_load_pins_and_the_config_can_turn_it_off() -> None:
             timeout=120, check=True,
         )  # fmt: skip
         assert out.stdout.strip().splitlines()[-1] == expected, (mb, out.stdout, out.stderr)
+
+
+def test_glibc_tunables_for_other_things_do_not_stop_the_pin() -> None:
+    said, mmapped_mb, pinned = probe(4, GLIBC_TUNABLES="glibc.rtld.optional_static_tls=1024")
+    assert pinned == 4 and mmapped_mb >= 8
+    said, _, pinned = probe(4, GLIBC_TUNABLES="glibc.malloc.mmap_threshold=65536")
+    assert pinned is None and "environment" in str(said)
+
+
+@pytest.mark.parametrize("value", [-1, 33, 4096, 2**31])
+def test_out_of_range_thresholds_are_refused_not_truncated(value: int) -> None:
+    from traitlets import TraitError
+
+    from kerasmagic.magics import KerasMagics
+
+    with pytest.raises(ValueError, match="0 to 32 MiB"):
+        heap.pin_mmap_threshold(value)
+    with pytest.raises(TraitError, match="0 to 32"):
+        KerasMagics(shell=None, mmap_threshold_mb=value)

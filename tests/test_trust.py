@@ -266,6 +266,37 @@ def test_ctrl_c_in_a_finalizer_during_the_users_code(ip: InteractiveShell) -> No
     assert ip.user_ns["ran"] == 0
 
 
+def test_a_hook_wrapping_kerasmagics_still_gets_the_interrupt_raised(
+    ip: InteractiveShell,
+) -> None:
+    seen: list[Any] = []
+    ours = sys.unraisablehook
+
+    def wrapper(unraisable: Any) -> None:  # another library's hook, installed after ours
+        seen.append(unraisable.exc_type)
+        ours(unraisable)
+
+    sys.unraisablehook = wrapper
+    try:
+        result = ip.run_cell(INTERRUPT_IN_GC_CALLBACK, store_history=True)
+    finally:
+        sys.unraisablehook = ours
+    assert seen == [KeyboardInterrupt]
+    assert isinstance(result.error_in_exec, KeyboardInterrupt) and "reached" not in ip.user_ns
+
+
+def test_a_caught_interrupt_leaves_the_frame_as_it_was(ip: InteractiveShell) -> None:
+    """No tracer left behind, and the frame's trace flags back (pdb reads them later)."""
+    cell = INTERRUPT_IN_GC_CALLBACK.replace(
+        "    gc.collect()\n    reached = True\n",
+        "    try:\n        gc.collect()\n        reached = True\n"
+        "    except KeyboardInterrupt:\n        import sys\n"
+        "        state = (sys.gettrace(), sys._getframe().f_trace_opcodes)\n",
+    )
+    assert ip.run_cell(cell).success
+    assert ip.user_ns["state"] == (None, False) and "reached" not in ip.user_ns
+
+
 def test_other_unraisable_exceptions_reach_the_previous_hook(ip: InteractiveShell) -> None:
     seen: list[Any] = []
     hook = sys.unraisablehook

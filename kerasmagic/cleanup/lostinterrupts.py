@@ -25,11 +25,13 @@ from typing import Any
 class RaiseInFrame:
     """Raise ``KeyboardInterrupt`` in ``frame`` at its next opcode, once (``sys.settrace``).
 
-    Only ``frame`` is traced: frames that start meanwhile (callbacks still to run) are not.
+    Only ``frame`` is traced: frames that start meanwhile (callbacks still to run) are not. The
+    frame's own trace settings are put back first, so a debugger used later in it still works.
     """
 
     def __init__(self, frame: FrameType) -> None:
         self._frame: FrameType | None = frame
+        self._saved = (frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes)
         frame.f_trace_lines = False
         frame.f_trace_opcodes = True
         frame.f_trace = self._local
@@ -42,9 +44,22 @@ class RaiseInFrame:
         __tracebackhide__ = True  # read by IPython's traceback formatter
         if frame is not self._frame:
             return None
-        sys.settrace(None)
-        frame.f_trace, self._frame = None, None
+        if sys.gettrace() == self._new_frame:  # a debugger set since keeps its tracer
+            sys.settrace(None)
+        frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes = self._saved
+        self._frame = None
         raise KeyboardInterrupt
+
+
+def interrupted_frame(unraisable: Any) -> FrameType | None:
+    """Return the frame that was running when the callback that lost the Ctrl-C was called.
+
+    The callback's own frame is the outermost of the exception's traceback (kept alive by it),
+    and its caller is the interrupted frame, whatever hooks wrap this one.
+    """
+    tb = getattr(unraisable, "exc_traceback", None)
+    frame = getattr(tb, "tb_frame", None)
+    return getattr(frame, "f_back", None)
 
 
 class RedeliverInterrupts:
@@ -64,10 +79,7 @@ class RedeliverInterrupts:
             and threading.current_thread() is threading.main_thread()
             and sys.gettrace() is None
         ):
-            try:
-                interrupted = sys._getframe(1)  # the frame running when the callback began
-            except ValueError:  # called from C with no Python frame: nothing to raise in
-                interrupted = None
+            interrupted = interrupted_frame(unraisable)
             if interrupted is not None:
                 self.redelivered += 1
                 RaiseInFrame(interrupted)

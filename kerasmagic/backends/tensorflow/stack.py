@@ -38,6 +38,7 @@ _original: Callable[..., Any] | None = None
 _stops: dict[int, CodeType] = {}  # id -> code whose frames (and those above) are not recorded
 _map_files: dict[int, tuple[Any, frozenset[str]]] = {}
 _own: dict[str, bool] = {}  # file -> whether it is TensorFlow's own (not recorded)
+_lock = threading.RLock()  # re-entrant: a finalizer run inside a capture may create an op
 _NO_FILES: frozenset[str] = frozenset()
 
 
@@ -147,20 +148,18 @@ def _make_extract_stack(tf_stack: Any, native: Any) -> Callable[..., Any]:
         # TensorFlow's own capture starts in its extract_stack; ours is not on the stack.
         caller, drop = sys._getframe(1), max(stacklevel - 1, 0)
         kept: list[Any] = []
-        key = _key(caller, drop, source_map, filtered, kept)
-        node, missing = tracetree.find(key)
-        if missing == 0 and node.trace is not None:
-            return node.trace
 
         def frames(positions: list[int]) -> list[tuple[str, int, str]]:
             return [_frame(kept[position], source_map) for position in positions]
 
-        try:
+        with _lock:  # one thread at a time in the tree and its memos; clear_cache waits
+            key = _key(caller, drop, source_map, filtered, kept)
+            node, missing = tracetree.find(key)
+            if missing == 0 and node.trace is not None:
+                return node.trace
             leaf, pieces = tracetree.grow(key, missing, frames)
-        except KeyError:  # another thread reset the tree meanwhile: add the whole stack
-            leaf, pieces = tracetree.grow(key, len(key), frames)
-        leaf.trace = load(tracetree.encode(leaf, pieces))["t"][:]  # [:]: keeps user frames
-        return leaf.trace
+            leaf.trace = load(tracetree.encode(leaf, pieces))["t"][:]  # [:]: keeps user frames
+            return leaf.trace
 
     return extract_stack
 
@@ -177,8 +176,9 @@ def stop_at(code: CodeType) -> None:
 
 def clear_cache() -> int:
     """Forget the remembered traces (ops keep theirs); return how many frames were kept."""
-    _map_files.clear()
-    return tracetree.clear()
+    with _lock:
+        _map_files.clear()
+        return tracetree.clear()
 
 
 def install() -> str | None:

@@ -36,7 +36,7 @@ _nodes = 0
 _file_fields: dict[str, bytes] = {}
 _tails: dict[object, tuple[str, bytes]] = {}  # entry -> (file, FileLineCol fields but the file)
 _pieces: dict[tuple[int, bytes], bytes] = {}  # (file index, tail) -> the frame's field
-_grown: dict[tuple[int, str], dict[str, int]] = {}  # (id(files), file) -> files with it added
+_grown: dict[tuple[int, str], tuple[dict[str, int], dict[str, int]]] = {}  # -> (files, grown)
 _headers: dict[int, tuple[dict[str, int], bytes]] = {}  # id(files) -> (files, encoded list)
 
 
@@ -98,10 +98,12 @@ def _tails_of(
 
 def _with_file(files: dict[str, int], filename: str) -> dict[str, int]:
     """Return ``files`` with ``filename`` numbered next (one dict per parent and file)."""
-    step = (id(files), filename)  # files dicts live as long as the tree: their ids stay theirs
-    grown = _grown.get(step)
-    if grown is None:
-        grown = _grown[step] = {**files, filename: len(files)}
+    step = (id(files), filename)
+    known = _grown.get(step)
+    if known is not None and known[0] is files:  # files is kept with it: its id stays its own
+        return known[1]
+    grown = {**files, filename: len(files)}
+    _grown[step] = (files, grown)
     return grown
 
 
