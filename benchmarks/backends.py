@@ -4,12 +4,13 @@ For each backend (TensorFlow, JAX, PyTorch, and legacy tf-keras when installed) 
 re-runs a model cell (functional model, Adam, History kept) R times with hand cleanup at its top
 (``del`` + ``clear_session()`` + ``gc.collect()`` + the backend's own cache clear), then another
 fresh kernel R times under ``%%fresh_model``. Prints a markdown table: RSS slope per re-run
-(Theil-Sen after the first 5 runs), the median of ``%%fresh_model``'s own reset time, the
+(Theil-Sen after the first 5 runs), the growth from the first 5 runs to the last 5 (what a
+session keeps), the median of ``%%fresh_model``'s own reset time, the
 backend's cache figures on the second and last run, and a kernel restart + imports beside it.
 Target: ``%%fresh_model`` <= 0.1 MB per re-run and not above hand cleanup. Writes
 ``benchmarks/results/backends.json``.
 
-    python benchmarks/backends.py [--runs 20] [--samples 4000] [--only jax,torch]
+    python benchmarks/backends.py [--runs 20] [--samples 4000] [--only jax,torch] [--mmap-mb 0]
 """
 
 from __future__ import annotations
@@ -102,13 +103,22 @@ class Kernel:
         self.km.shutdown_kernel(now=True)
 
 
-def variant(name: str, fresh: bool, runs: int, samples: int) -> dict[str, Any]:
+def variant(
+    name: str, fresh: bool, runs: int, samples: int, mmap_mb: int | None = None
+) -> dict[str, Any]:
     """Re-run the model cell ``runs`` times in a new kernel; return its per-run figures."""
     env, imports, clear = BACKENDS[name]
     cell = "%%fresh_model\n" + BODY if fresh else HAND.format(clear=clear)
     kernel = Kernel(env)
+    config = (
+        ""
+        if mmap_mb is None
+        else f"get_ipython().config.KerasMagics.mmap_threshold_mb = {mmap_mb}\n"
+    )
     try:
-        kernel.run(SETUP.format(imports=imports, samples=samples) + "%load_ext kerasmagic\n")
+        kernel.run(
+            SETUP.format(imports=imports, samples=samples) + config + "%load_ext kerasmagic\n"
+        )
         rss, resets, figures = [], [], []
         for _ in range(runs):
             found = re.search(r"freed -?[\d.]+ MB in ([\d.]+) s", kernel.run(cell))
@@ -123,6 +133,7 @@ def variant(name: str, fresh: bool, runs: int, samples: int) -> dict[str, Any]:
         "backend": name,
         "cleanup": "%%fresh_model" if fresh else "hand",
         "rss_mb_per_run": round(slope(rss, 5), 4),
+        "rss_growth_mb": round(statistics.mean(rss[-5:]) - statistics.mean(rss[:5]), 2),
         "reset_s_median": round(statistics.median(resets), 3) if resets else None,
         "restart_s": round(restart, 2),
         "layer_names": sorted({f[0] for f in figures}),
@@ -148,16 +159,19 @@ def available(name: str) -> bool:
 
 def table(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
     lines = [
-        "| backend | hand cleanup MB/re-run | %%fresh_model MB/re-run | %%fresh_model reset "
-        "(median) | kernel restart + imports | layer names | caches, run 2 → last run |",
-        "|---|---:|---:|---:|---:|---|---|",
+        "| backend | hand cleanup MB/re-run | %%fresh_model MB/re-run | growth, hand → magic "
+        "| %%fresh_model reset (median) | kernel restart + imports | layer names "
+        "| caches, run 2 → last run |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for hand, fresh in rows:
         second, last = fresh["caches_second_last"]
         caches = ", ".join(f"{k} {v} → {last.get(k)}" for k, v in (second or {}).items())
         lines.append(
             f"| {fresh['backend']} | {hand['rss_mb_per_run']:.3f} | "
-            f"{fresh['rss_mb_per_run']:.3f} | {fresh['reset_s_median']} s | "
+            f"{fresh['rss_mb_per_run']:.3f} | "
+            f"{hand['rss_growth_mb']:+.1f} → {fresh['rss_growth_mb']:+.1f} MB | "
+            f"{fresh['reset_s_median']} s | "
             f"{fresh['restart_s']} s | {', '.join(fresh['layer_names'])} | {caches} |"
         )
     return "\n".join(lines)
@@ -168,11 +182,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--samples", type=int, default=4000)
     parser.add_argument("--only", default=",".join(BACKENDS))
+    parser.add_argument("--mmap-mb", type=int, help="KerasMagics.mmap_threshold_mb (default 4)")
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if available(n)]
     rows = []
     for name in names:
-        rows.append(tuple(variant(name, fresh, args.runs, args.samples) for fresh in (False, True)))
+        rows.append(
+            tuple(
+                variant(name, fresh, args.runs, args.samples, args.mmap_mb)
+                for fresh in (False, True)
+            )
+        )
         print(f"{name}: done", flush=True)
     print(table(rows))  # type: ignore[arg-type]
     checks = {
