@@ -20,6 +20,7 @@ PARTS: tuple[str, ...] = (
     "kerasmagic.views.comm",
     "kerasmagic.cleanup.cellawait",
     "kerasmagic.cleanup.lostinterrupts",
+    "kerasmagic.cleanup.kernelguard",  # last: its callbacks run after the other parts'
 )
 log = logging.getLogger(__name__)
 _loaded: dict[int, Any] = {}  # id(shell) -> KerasMagics instance

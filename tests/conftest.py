@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -99,3 +101,35 @@ def real_kernel(cwd: str, backend: str = "tensorflow") -> Iterator[tuple[KernelM
     finally:
         client.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def kernel_run(
+    client: Any, code: str, timeout_s: float = 120, on_busy: Any = None
+) -> tuple[dict[str, Any], str]:
+    """Run ``code``; return the execute reply's content and everything the cell printed."""
+    msg_id = client.execute(code)
+    text, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        msg = client.get_iopub_msg(timeout=timeout_s)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "execute_input" and on_busy is not None:
+            on_busy()
+        elif kind == "stream":
+            text.append(content["text"])
+        elif kind == "error":
+            text.append("\n".join(content["traceback"]))
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    reply = client.get_shell_msg(timeout=timeout_s)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = client.get_shell_msg(timeout=timeout_s)
+    return reply["content"], "".join(text)
+
+
+def kernel_value(client: Any, expr: str) -> Any:
+    """Return ``expr`` evaluated in the kernel, through JSON."""
+    content, text = kernel_run(client, f"import json as _j; print(_j.dumps({expr}))")
+    assert content["status"] == "ok", text
+    return json.loads(text.strip().splitlines()[-1])

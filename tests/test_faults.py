@@ -7,7 +7,6 @@ Bounded in time (a fixed seed, a fixed number of tries).
 
 from __future__ import annotations
 
-import json
 import random
 import time
 import uuid
@@ -16,6 +15,8 @@ from typing import Any
 
 import faultcounts
 import pytest
+from conftest import kernel_run as run
+from conftest import kernel_value as value
 from conftest import real_kernel
 from jupyter_client.manager import KernelManager
 
@@ -55,38 +56,6 @@ def jax_kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Kerne
         yield km, client
 
 
-def run(
-    client: Any, code: str, timeout_s: float = 120, on_busy: Any = None
-) -> tuple[dict[str, Any], str]:
-    """Run ``code``; return the execute reply's content and everything the cell printed."""
-    msg_id = client.execute(code)
-    text, deadline = [], time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        msg = client.get_iopub_msg(timeout=timeout_s)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        kind, content = msg["msg_type"], msg["content"]
-        if kind == "execute_input" and on_busy is not None:
-            on_busy()
-        elif kind == "stream":
-            text.append(content["text"])
-        elif kind == "error":
-            text.append("\n".join(content["traceback"]))
-        elif kind == "status" and content["execution_state"] == "idle":
-            break
-    reply = client.get_shell_msg(timeout=timeout_s)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = client.get_shell_msg(timeout=timeout_s)
-    return reply["content"], "".join(text)
-
-
-def value(client: Any, expr: str) -> Any:
-    """Return ``expr`` evaluated in the kernel, through JSON."""
-    content, text = run(client, f"import json as _j; print(_j.dumps({expr}))")
-    assert content["status"] == "ok", text
-    return json.loads(text.strip().splitlines()[-1])
-
-
 def test_load_unload_cycles_leave_nothing_alive(kernel: tuple[KernelManager, Any]) -> None:
     _, client = kernel
     hello = {"protocol": 1, "type": "hello"}
@@ -99,7 +68,8 @@ def test_load_unload_cycles_leave_nothing_alive(kernel: tuple[KernelManager, Any
     alive = value(
         client,
         "(lambda gc, threading, comm: [gc.collect()] and [sum(type(o).__name__ in "
-        "('KerasMagics', 'LiveMonitor', 'LiveWidget', 'Sidebar') for o in gc.get_objects()), "
+        "('KerasMagics', 'LiveMonitor', 'LiveWidget', 'Sidebar', 'KernelGuard') "
+        "for o in gc.get_objects()), "
         "sum(t.name == 'kerasmagic-sampler' for t in threading.enumerate()), "
         "len([c for c in comm.get_comm_manager().comms.values() "
         "if getattr(c, 'target_name', '') == 'kerasmagic'])])"
@@ -111,9 +81,7 @@ def test_load_unload_cycles_leave_nothing_alive(kernel: tuple[KernelManager, Any
     assert alive == [0, 0, 0]
 
 
-def interrupt_fits(
-    km: KernelManager, client: Any, window: tuple[float, float], tolerated: int = 0
-) -> None:
+def interrupt_fits(km: KernelManager, client: Any, window: tuple[float, float]) -> None:
     """Interrupt 10 ``FIT`` cells at random moments in ``window`` (s); count and check."""
     rng = random.Random(f"7{window}")
     sent = swallowed = noisy = 0
@@ -142,7 +110,7 @@ def interrupt_fits(
     faultcounts.add("raw tracebacks", noisy)
     kept = value(client, "[type(base).__name__, len(data['runs']), x.shape[0]]")
     faultcounts.add("user values lost", kept != ["Sequential", 0, 2048])
-    assert swallowed <= tolerated and noisy == 0
+    assert swallowed == 0 and noisy == 0
     assert kept == ["Sequential", 0, 2048]
     sampler = value(client, "get_ipython().run_line_magic('gpu_mem', '--json') or 1")
     assert sampler == 1
@@ -160,10 +128,10 @@ def interrupt_fits(
 def test_ctrl_c_at_random_moments_always_stops_the_cell(
     kernel: tuple[KernelManager, Any], window: tuple[float, float]
 ) -> None:
-    # Known remainder (issue 8, point 6): on CI's loaded machine a Ctrl-C sometimes fails to
-    # stop the cell (seen in both windows, never here); its cause is not found, so each
-    # window tolerates one and prints it.
-    interrupt_fits(*kernel, window, tolerated=1)
+    # Seen on CI before kernelguard and swallowed.py: a Ctrl-C in ipykernel's code before the
+    # cell (no reply at all), one caught by TensorFlow's bare except in DType.max (the cell ran
+    # on). tests/test_kernelguard.py puts one at each of those points; here they are random.
+    interrupt_fits(*kernel, window)
 
 
 def test_ctrl_c_on_jax_always_stops_the_cell(jax_kernel: tuple[KernelManager, Any]) -> None:

@@ -266,6 +266,21 @@ def test_ctrl_c_in_a_finalizer_during_the_users_code(ip: InteractiveShell) -> No
     assert ip.user_ns["ran"] == 0
 
 
+def test_ctrl_c_lost_in_c_code_without_a_traceback_still_stops_the_cell(
+    ip: InteractiveShell,
+) -> None:
+    """A finalizer written in C hands over an interrupt with no Python frame of its own."""
+    cell = (
+        "import sys, types\n"
+        "sys.unraisablehook(types.SimpleNamespace(exc_type=KeyboardInterrupt, "
+        "exc_value=KeyboardInterrupt(), exc_traceback=None, err_msg=None, object=None))\n"
+        "reached = True"
+    )
+    result = ip.run_cell(cell, store_history=True)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt), "the Ctrl-C was swallowed"
+    assert "reached" not in ip.user_ns
+
+
 def test_a_hook_wrapping_kerasmagics_still_gets_the_interrupt_raised(
     ip: InteractiveShell,
 ) -> None:

@@ -21,6 +21,8 @@ import threading
 from types import FrameType
 from typing import Any
 
+from kerasmagic.cleanup.swallowed import following
+
 
 class RaiseInFrame:
     """Raise ``KeyboardInterrupt`` in ``frame`` at its next opcode, once (``sys.settrace``).
@@ -72,14 +74,19 @@ class RedeliverInterrupts:
 
     def __call__(self, unraisable: Any) -> None:
         exc_type = getattr(unraisable, "exc_type", None)
+        is_interrupt = isinstance(exc_type, type) and issubclass(exc_type, KeyboardInterrupt)
+        watch = following() if self.active and is_interrupt else None
+        if watch is not None:
+            watch.disarm()  # lost, not caught: raised below in the code the callback left
         if (
             self.active
-            and isinstance(exc_type, type)
-            and issubclass(exc_type, KeyboardInterrupt)
+            and is_interrupt
             and threading.current_thread() is threading.main_thread()
             and sys.gettrace() is None
         ):
             interrupted = interrupted_frame(unraisable)
+            if interrupted is None and sys.unraisablehook is self:
+                interrupted = sys._getframe(1)  # lost in C code: the Python code running it
             if interrupted is not None:
                 self.redelivered += 1
                 RaiseInFrame(interrupted)

@@ -1,0 +1,184 @@
+"""Hold a Ctrl-C that lands in the kernel's own code around a cell, then give it to the cell.
+
+ipykernel lets SIGINT raise ``KeyboardInterrupt`` for the whole of an execute request, but only
+IPython's cell runner turns one into the cell's error. One that lands in the kernel's code just
+before the cell starts or just after it ends escapes to ipykernel, which logs "KeyboardInterrupt
+caught in kernel" and never sends the reply: the notebook shows the cell running for ever. One
+that lands in an IPython event callback (IPython's own ``pre_execute`` hooks) is printed as
+"Error in callback" and the cell runs on to its end.
+
+While the extension is loaded in a kernel, SIGINT is recorded, not raised, from the start of an
+execute request until the cell's code is about to run (kerasmagic's AST transformer, first in
+line), and again from the end of the cell's code (the first ``post_execute`` callback) until the
+reply is sent. A Ctrl-C recorded before the cell stops it at its first line; one recorded while
+the end-of-cell callbacks run marks the finished cell as interrupted, as IPython shows one; one
+recorded after that is dropped, as on an idle kernel. ``run_cell`` nested in a cell changes
+nothing, and a SIGINT handler the cell installs itself is left alone.
+"""
+
+from __future__ import annotations
+
+import _signal
+import ast
+import logging
+import sys
+import threading
+from types import CodeType, FrameType
+from typing import Any
+
+from kerasmagic.cleanup.interrupts import interrupt_finished_cell
+from kerasmagic.cleanup.swallowed import InterruptWatch
+
+log = logging.getLogger(__name__)
+
+
+class _Opener(ast.NodeTransformer):
+    """The first AST transformer: the cell's code is about to run, so let Ctrl-C raise."""
+
+    def __init__(self, guard: KernelGuard) -> None:
+        self._guard = guard
+
+    def visit(self, node: ast.AST) -> ast.AST:
+        __tracebackhide__ = True  # read by IPython's traceback formatter
+        if not self._guard.open() or not isinstance(node, ast.Module):
+            return node
+        stop = ast.parse("raise KeyboardInterrupt")  # a Ctrl-C held before the cell: stop it
+        return ast.copy_location(ast.Module(body=stop.body, type_ignores=[]), node)
+
+
+class KernelGuard:
+    """Records SIGINT outside a cell's code during one kernel's execute requests."""
+
+    def __init__(self, shell: Any, kernel: Any) -> None:
+        self._shell = shell
+        self._kernel = kernel
+        self.pending = False  # a Ctrl-C was recorded and not yet given to the cell
+        self._guarding = False  # an execute request of the main shell is being handled
+        self._opener = _Opener(self)
+        self._cell_code: set[CodeType] = set()
+        for owner in (type(shell), *type(shell).__mro__):
+            code = getattr(getattr(owner, "run_code", None), "__code__", None)
+            if code is not None:
+                self._cell_code.add(code)
+        self._watch = InterruptWatch(self._cell_code)
+
+    def install(self) -> None:
+        """Take over the kernel's handler hooks and put the opener and callbacks in place."""
+        self._kernel.pre_handler_hook = self.pre_handler_hook
+        self._kernel.post_handler_hook = self.post_handler_hook
+        self._shell.ast_transformers.insert(0, self._opener)
+        self._shell.events.callbacks["post_execute"].insert(0, self.close)
+        self._shell.events.register("post_run_cell", self.post_run_cell)
+
+    def uninstall(self) -> None:
+        """Give the kernel its own hooks back and remove everything ``install`` added."""
+        for name in ("pre_handler_hook", "post_handler_hook"):
+            if vars(self._kernel).get(name) == getattr(self, name):
+                delattr(self._kernel, name)
+        if self._opener in self._shell.ast_transformers:
+            self._shell.ast_transformers.remove(self._opener)
+        events = self._shell.events
+        for event, callback in ("post_execute", self.close), ("post_run_cell", self.post_run_cell):
+            if callback in events.callbacks[event]:
+                events.unregister(event, callback)
+        if self._guarding and _signal.getsignal(_signal.SIGINT) in (self._record, self.interrupt):
+            _signal.signal(_signal.SIGINT, _signal.default_int_handler)  # as ipykernel set it
+        self._watch.disarm()
+        self._guarding = False
+
+    def pre_handler_hook(self) -> None:
+        """Before a shell message: record SIGINT for an execute request, else ipykernel's own."""
+        kernel = self._kernel
+        if threading.current_thread() is threading.main_thread() and self._is_execute():
+            self.pending = False
+            self._guarding = True
+            # ipykernel's own hook, with the recorder where it puts Python's default handler.
+            kernel.saved_sigint_handler = _signal.signal(_signal.SIGINT, self._record)
+        else:
+            type(kernel).pre_handler_hook(kernel)
+
+    def post_handler_hook(self) -> None:
+        """After a shell message: the reply is out, so a Ctrl-C still held is dropped."""
+        self._guarding = False
+        self.pending = False
+        type(self._kernel).post_handler_hook(self._kernel)
+
+    def open(self) -> bool:
+        """Let Ctrl-C raise from here on; return whether one was held (the cell must stop)."""
+        if not self._guarding:
+            return False
+        if _signal.getsignal(_signal.SIGINT) == self._record:  # else nested, or ipykernel's
+            _signal.signal(_signal.SIGINT, self.interrupt)  # own for an async cell
+        held, self.pending = self.pending, False
+        return held
+
+    def close(self) -> None:
+        """The cell's code is over (first ``post_execute`` callback): record SIGINT again."""
+        if not self._guarding or _signal.getsignal(_signal.SIGINT) != self.interrupt:
+            return
+        if _inside(sys._getframe(1), self._cell_code):
+            return  # a run_cell nested in a cell: the cell itself is still running
+        _signal.signal(_signal.SIGINT, self._record)
+        self._watch.disarm()
+
+    def post_run_cell(self, result: Any) -> None:
+        """Last ``post_run_cell`` callback: a Ctrl-C held since the cell ended interrupts it."""
+        if self._guarding and self.pending:
+            self.pending = False
+            interrupt_finished_cell(self._shell, result)
+
+    def interrupt(self, signum: int, frame: FrameType | None) -> None:
+        """SIGINT while the cell's code runs: raise ``KeyboardInterrupt``, and follow it."""
+        __tracebackhide__ = True  # read by IPython's traceback formatter
+        error = KeyboardInterrupt()
+        self._watch.arm(frame if frame is not None else sys._getframe(1), error)
+        raise error
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        self.pending = True
+
+    def _is_execute(self) -> bool:
+        try:
+            header = self._kernel.get_parent("shell").get("header", {})
+        except Exception:  # an ipykernel without per-channel parents: leave it alone
+            return False
+        return bool(header.get("msg_type") == "execute_request")
+
+
+def _inside(frame: FrameType | None, codes: set[CodeType]) -> bool:
+    """Return whether ``frame`` or one of its callers runs one of ``codes``."""
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_guards: dict[int, KernelGuard] = {}  # id(shell) -> its guard
+
+
+def load(shell: Any, magics: Any) -> None:
+    """Guard the shell's kernel, when it is an ipykernel whose handler hooks are its own."""
+    del magics
+    kernel = getattr(shell, "kernel", None)
+    kernelbase = sys.modules.get("ipykernel.kernelbase")
+    if kernel is None or kernelbase is None or id(shell) in _guards:
+        return
+    base = kernelbase.Kernel
+    kind = type(kernel)
+    if not isinstance(kernel, base) or (
+        getattr(kind, "pre_handler_hook", None) is not base.pre_handler_hook
+        or getattr(kind, "post_handler_hook", None) is not base.post_handler_hook
+    ):
+        log.debug("kerasmagic: %s has its own handler hooks; Ctrl-C left to it", kind.__name__)
+        return
+    guard = KernelGuard(shell, kernel)
+    guard.install()
+    _guards[id(shell)] = guard
+
+
+def unload(shell: Any) -> None:
+    """Remove the guard of ``shell``, if any."""
+    guard = _guards.pop(id(shell), None)
+    if guard is not None:
+        guard.uninstall()

@@ -1,0 +1,194 @@
+"""Raise a Ctrl-C again when library code below the cell swallows it.
+
+TensorFlow's ``DType.min`` and ``DType.max`` (read whenever Keras casts a random seed, so in
+every model build) try ``finfo`` inside a bare ``except:``: a Ctrl-C landing there is caught,
+and either dropped, the cell running on to its end, or turned into ``TypeError: Cannot find
+maximum value``. TensorFlow and Keras hold some 60 more bare ``except:``.
+
+While a cell runs in a kernel with kerasmagic loaded, a ``KeyboardInterrupt`` raised by SIGINT
+is followed until it leaves the cell: the frames on the stack when it was raised are traced
+(their lines, returns and exceptions, nothing else). If one of them turns it into another
+exception in code that is not the user's, the interrupt is raised instead. If one goes on
+without it (it was caught and dropped), it is raised again in that frame at the next point
+where Python itself delivers a Ctrl-C: after a call returns, at a loop's jump back, or as the
+frame returns. Never at the code a frame runs on its way out of a ``with`` or into a
+``finally``: raising there would skip the ``__exit__`` or the ``finally`` (TensorFlow's
+context stacks then break: "Exiting device scope without proper scope nesting"). Code of the
+user's (a cell, a function defined in one, a module outside the installed packages) that
+catches it on purpose is left alone. With a debugger or coverage tracing the kernel, nothing
+is followed.
+"""
+
+from __future__ import annotations
+
+import dis
+import sys
+import sysconfig
+from types import CodeType, FrameType
+from typing import Any
+
+_RETURNS = {dis.opmap[n] for n in ("RETURN_VALUE", "RETURN_CONST") if n in dis.opmap}
+# Python checks for signals after these (calls return, loops jump back): safe to raise next.
+_DELIVERY = {
+    dis.opmap[n]
+    for n in (
+        "CALL",
+        "CALL_KW",
+        "CALL_FUNCTION",
+        "CALL_FUNCTION_KW",
+        "CALL_FUNCTION_EX",
+        "CALL_METHOD",
+        "JUMP_BACKWARD",
+        "JUMP_ABSOLUTE",
+    )
+    if n in dis.opmap
+}
+_HANDLER_ENTRY = dis.opmap.get("PUSH_EXC_INFO", -1)  # 3.11+: exception not yet in exc_info
+_YIELD = dis.opmap["YIELD_VALUE"]
+_STDLIB = sysconfig.get_paths()["stdlib"]
+MAX_RAISES = 20  # a library retrying in a loop around a bare except: give up, never hang
+
+
+def is_library(code: CodeType) -> bool:
+    """Return whether ``code`` belongs to an installed package or the standard library."""
+    name = code.co_filename
+    if name.startswith("<ipython-input-"):
+        return False  # a terminal IPython cell
+    return (
+        name.startswith("<")
+        or name.startswith(_STDLIB)
+        or "site-packages" in name
+        or "dist-packages" in name
+    )
+
+
+def _opcode(frame: FrameType, offset: int | None = None) -> int:
+    code = frame.f_code.co_code
+    at = frame.f_lasti if offset is None else offset
+    return code[at] if 0 <= at < len(code) else -1
+
+
+class InterruptWatch:
+    """Follows one ``KeyboardInterrupt`` through the frames it was raised in."""
+
+    def __init__(self, stop_at: set[CodeType]) -> None:
+        self._stop_at = stop_at  # IPython's run_code: the cell's error handling, where it ends
+        self._error: BaseException | None = None
+        self._watched: dict[FrameType, tuple[Any, bool, bool]] = {}  # frame -> its trace settings
+        self._handling: set[FrameType] = set()  # frames running an except block for it
+        self._pending: dict[FrameType, int] = {}  # went on without it -> last offset run
+        self._outermost: FrameType | None = None
+        self.raised_again = 0
+
+    @property
+    def armed(self) -> bool:
+        return self._error is not None
+
+    def arm(self, frame: FrameType | None, error: BaseException) -> None:
+        """Follow ``error``, about to be raised in ``frame``, up to the cell's runner."""
+        self.disarm()
+        frames: list[FrameType] = []
+        while frame is not None and frame.f_code not in self._stop_at:
+            frames.append(frame)
+            frame = frame.f_back
+        if frame is None or not frames or sys.gettrace() is not None:
+            return  # not inside a cell, or a debugger traces: raise as Python does
+        self._error, self._outermost, self.raised_again = error, frames[-1], 0
+        for watched in frames:
+            self._watched[watched] = (
+                watched.f_trace,
+                watched.f_trace_lines,
+                watched.f_trace_opcodes,
+            )
+            watched.f_trace_lines, watched.f_trace_opcodes = True, False
+            watched.f_trace = self._local
+        sys.settrace(self._new_frame)  # tracing on: the watched frames' own f_trace is called
+
+    def disarm(self) -> None:
+        """Stop following: frames get their trace settings back, the tracer goes."""
+        if self._error is None:
+            return
+        if sys.gettrace() == self._new_frame:
+            sys.settrace(None)
+        for frame, (trace, lines, opcodes) in self._watched.items():
+            frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes = trace, lines, opcodes
+        self._watched.clear()
+        self._handling.clear()
+        self._pending.clear()
+        self._error = self._outermost = None
+
+    def _new_frame(self, frame: FrameType, event: str, arg: object) -> None:
+        return None  # frames called from now on are not traced
+
+    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        __tracebackhide__ = True  # read by IPython's traceback formatter
+        error = self._error
+        if error is None or frame not in self._watched:
+            return None
+        if event == "exception":
+            value = arg[1]
+            if value is error:
+                self._pending.pop(frame, None)  # on its way out again
+            elif value.__context__ is error and is_library(frame.f_code):
+                self._raise_again()  # turned into another exception: the interrupt instead
+        elif event in ("line", "opcode"):
+            if frame in self._pending:
+                self._step(frame)
+            elif sys.exc_info()[1] is error:
+                self._handling.add(frame)  # caught here: see what this frame does with it
+            elif _opcode(frame) != _HANDLER_ENTRY:  # else entering a handler, still raised
+                self._went_on_without_it(frame)
+        elif event == "return":
+            opcode = _opcode(frame)
+            if opcode in _RETURNS:
+                if self._stays(frame):
+                    self._raise_again()  # it returns as if nothing happened: the caller gets it
+            elif frame is self._outermost:
+                self.disarm()  # it left the cell: IPython shows it
+            elif opcode != _YIELD:  # unwinding (a yield leaves it as it is)
+                self._forget(frame)
+        return self._local
+
+    def _stays(self, frame: FrameType) -> bool:
+        """Return whether the interrupt must go on from ``frame`` (not the user's own catch)."""
+        if frame in self._handling and not is_library(frame.f_code):
+            self.disarm()  # the user's own code caught it on purpose
+            return False
+        return True
+
+    def _went_on_without_it(self, frame: FrameType) -> None:
+        if self._stays(frame):
+            self._pending[frame] = frame.f_lasti
+            frame.f_trace_opcodes = True  # find the next point where Python delivers Ctrl-C
+
+    def _step(self, frame: FrameType) -> None:
+        """A frame that dropped the interrupt runs on: raise it where Python would deliver one."""
+        last = self._pending[frame]
+        if frame.f_lasti == last:
+            return  # the line event and the opcode event of one instruction
+        self._pending[frame] = frame.f_lasti
+        if _opcode(frame, last) in _DELIVERY:
+            self._raise_again()
+
+    def _forget(self, frame: FrameType) -> None:
+        del self._watched[frame]
+        self._handling.discard(frame)
+        self._pending.pop(frame, None)
+        frame.f_trace = None
+
+    def _raise_again(self) -> None:
+        __tracebackhide__ = True
+        error = self._error
+        self.raised_again += 1
+        if error is None or self.raised_again > MAX_RAISES:
+            self.disarm()
+            return
+        self._handling.clear()
+        self._pending.clear()
+        raise error
+
+
+def following() -> InterruptWatch | None:
+    """Return the watch following an interrupt in this thread, if any."""
+    watch = getattr(sys.gettrace(), "__self__", None)
+    return watch if isinstance(watch, InterruptWatch) else None
