@@ -57,6 +57,13 @@ def test_deep_scan_names_every_holder(
     assert any(s >= 3 * weights for s in sizes)  # fitted with Adam: + two slots per weight
 
 
+def test_live_models_from_python_names_the_shells_holders(kip: InteractiveShell) -> None:
+    """``kerasmagic.live_models()`` in a notebook reads the notebook's names, like ``reset()``;
+    it used to see none and call every holder "a dict outside the namespace"."""
+    run(kip, "import kerasmagic\nmodel = build()\nmodels = kerasmagic.live_models()")
+    assert [m.holders for m in kip.user_ns["models"]] == [("model",)]
+
+
 def test_deep_scan_finds_a_traceback_holder(
     kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:

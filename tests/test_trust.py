@@ -64,6 +64,51 @@ def test_unshared_rebound_container_is_still_cleared(kip: InteractiveShell) -> N
     assert old["a"]["b"]["c"] is None, "a stale model three levels into a rebound dict stayed"
 
 
+CROSS_VALIDATION = """
+%%fresh_model -q
+for fold in range(2):
+    model = build()
+    h = model.fit(x, y, epochs=1, verbose=0)
+    results["folds"].append({"fold": fold, "history": h})
+"""
+
+
+def test_history_deep_in_a_kept_log_lets_its_model_go(kip: InteractiveShell) -> None:
+    """``results["folds"][i]["history"].model``, three levels down, kept every fold's model."""
+    run(kip, 'import weakref\nresults = {"folds": []}')
+    run(kip, CROSS_VALIDATION)
+    run(kip, "first = weakref.ref(results['folds'][0]['history'].model)")
+    run(kip, CROSS_VALIDATION)
+    folds = kip.user_ns["results"]["folds"]
+    assert kip.user_ns["first"]() is None, "a History deep in a kept log kept its model"
+    assert [f["fold"] for f in folds] == [0, 1, 0, 1]
+    assert all(f["history"].history["loss"] for f in folds), "the numbers must stay"
+    assert folds[-1]["history"].model is kip.user_ns["model"]  # this run's link is its own
+
+
+TRAINER = """
+%%fresh_model -q
+alive_before_build = old() is not None
+trainer = Trainer()
+trainer.model.fit(x, y, epochs=1, verbose=0);
+"""
+
+
+def test_model_in_a_rebound_objects_attribute_goes_first(kip: InteractiveShell) -> None:
+    """``trainer = Trainer()`` re-run: the old trainer's model used to live on into the cell."""
+    run(
+        kip,
+        "import weakref\nclass Trainer:\n    def __init__(self):\n        self.model = build()\n",
+    )
+    run(kip, "trainer = Trainer()\nkeep = trainer\nold = weakref.ref(trainer.model)")
+    run(kip, TRAINER)  # the old trainer is also kept as `keep`: never cut
+    assert kip.user_ns["alive_before_build"] is True and kip.user_ns["keep"].model is not None
+    run(kip, "del keep\nold = weakref.ref(trainer.model)")
+    run(kip, TRAINER)
+    assert kip.user_ns["alive_before_build"] is False, "the old trainer's model was not freed"
+    assert kip.user_ns["trainer"].model is not None
+
+
 # -- hostile objects -------------------------------------------------------------------------
 HOSTILE = """
 import weakref

@@ -2,31 +2,84 @@
 
 Planning (``stale.py``) only looks; these closures do the cutting, and only to model state: a
 name is unbound, a model inside a rebound container becomes ``None`` (lists and dicts in place,
-tuples and frozensets rebuilt), an output-cache entry is forgotten, a stored traceback's frames
-drop their locals, a callback loses its ``.model`` link. Containers a kept name also reaches are
-never touched.
+tuples and frozensets rebuilt), and so does a model in an attribute of an object of the user's
+own classes bound to a rebound name (``trainer = Trainer()`` re-run: the old trainer's model);
+an output-cache entry is forgotten, a stored traceback's frames drop their locals, a callback
+loses its ``.model`` link. Containers and objects a kept name also reaches are never touched.
 """
 
 from __future__ import annotations
 
+import sys
 import types as pytypes
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from kerasmagic.cleanup.tracebacks import clear_frames
-from kerasmagic.probes.keras_state import is_a
+from kerasmagic.probes.keras_state import is_a, items_of
 
 REBOUND_DEPTH = 6  # how far into a rebound name's containers stale models are looked for
+_INSTALLED = ("site-packages", "dist-packages")
+
+
+def _user_class(kind: type) -> bool:
+    """Return whether ``kind`` is the user's: defined in a notebook cell or a module of the
+    user's (not an installed package, not the standard library), or a ``SimpleNamespace``."""
+    if kind is pytypes.SimpleNamespace:
+        return True
+    module = sys.modules.get(getattr(kind, "__module__", None) or "")
+    if module is None or module.__name__.split(".")[0] in ("builtins", "kerasmagic"):
+        return False
+    if module.__name__ == "__main__":
+        return True
+    path = getattr(module, "__file__", None)
+    if not isinstance(path, str) or any(part in path for part in _INSTALLED):
+        return False
+    return not path.startswith(sys.base_prefix) and not path.startswith(sys.prefix)
+
+
+def user_attrs(obj: Any) -> dict[str, Any] | None:
+    """Return the ``__dict__`` of an instance of a user class (no user code runs), else None."""
+    kind = type(obj)
+    if issubclass(kind, type) or not _user_class(kind):
+        return None
+    try:
+        attrs = object.__getattribute__(obj, "__dict__")
+    except Exception:  # no __dict__ (slots), or an odd class
+        return None
+    return attrs if type(attrs) is dict else None
+
+
+def models_under(
+    path: str, obj: Any, types: tuple[type, ...], depth: int = 0
+) -> Iterator[tuple[str, Any]]:
+    """Yield ``(path, model)`` for the models ``strip`` would reach from ``obj``."""
+    if is_a(obj, types):
+        yield path, obj
+        return
+    if depth >= REBOUND_DEPTH:
+        return
+    attrs = user_attrs(obj)
+    items = items_of(obj) if attrs is None else [(f".{k}", v) for k, v in attrs.items()]
+    for suffix, item in items or ():
+        yield from models_under(path + suffix, item, types, depth + 1)
 
 
 def strip(obj: Any, types: tuple[type, ...], kept: frozenset[int], depth: int = 0) -> Any:
-    """Return ``obj`` with stale models replaced by None (lists and dicts in place, tuples and
-    frozensets rebuilt). Models and containers a kept name also reaches stay as they are."""
+    """Return ``obj`` with stale models replaced by None (lists, dicts and the user's objects in
+    place, tuples and frozensets rebuilt). Models, containers and objects a kept name also
+    reaches stay as they are."""
     if is_a(obj, types):
         return obj if id(obj) in kept else None
     if depth >= REBOUND_DEPTH or id(obj) in kept:
         return obj
-    if type(obj) is list:
+    attrs = user_attrs(obj)
+    if attrs is not None:
+        for key, item in list(attrs.items()):
+            new = strip(item, types, kept, depth + 1)
+            if new is not item:
+                attrs[key] = new
+    elif type(obj) is list:
         for i, item in enumerate(obj):
             new = strip(item, types, kept, depth + 1)
             if new is not item:

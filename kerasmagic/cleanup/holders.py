@@ -148,8 +148,20 @@ def holder_remedy(holder: str) -> tuple[str, bool]:
     return f"kept in {root}: remove it there, or %%fresh_model --all", False
 
 
+def _shell_namespace() -> Mapping[str, Any]:
+    ipython = sys.modules.get("IPython")
+    shell = None if ipython is None else ipython.get_ipython()
+    namespace = getattr(shell, "user_ns", None)
+    return namespace if isinstance(namespace, Mapping) else {}
+
+
 def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
-    """Return every live Keras model, skipping the inner model a ``Sequential`` wraps."""
+    """Return every live Keras model, skipping the inner model a ``Sequential`` wraps.
+
+    Holders are named from ``namespace``: by default IPython's user namespace, if any.
+    """
+    if namespace is None:
+        namespace = _shell_namespace()
     types = model_types()
     if not types:
         return []
@@ -160,7 +172,7 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
         for layer in _layers(m):
             if is_a(layer, types):
                 owners[id(layer)] = f"layer of model '{m.name}'"
-    paths = namespace_paths(namespace or {})
+    paths = namespace_paths(namespace)
     out = []
     for m in models:
         if id(m) in inner:

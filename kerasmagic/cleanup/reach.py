@@ -36,40 +36,45 @@ OPAQUE: tuple[type, ...] = (
 
 @dataclass(frozen=True)
 class Reach:
-    """Ids of models (and of every object) found from the roots; whether the walk finished."""
+    """Ids of models (and of every object) found from the roots; whether the walk finished.
+
+    ``callbacks`` holds each callback met (``History`` and the like), at any depth, with the
+    label of the root it was found from.
+    """
 
     models: frozenset[int]
     objects: frozenset[int]
     complete: bool
+    callbacks: tuple[tuple[str, Any], ...] = ()
 
 
 def reachable(
-    roots: Iterable[Any],
+    roots: Iterable[tuple[str, Any]],
     models: tuple[type, ...],
     callbacks: tuple[type, ...] = (),
     skip: Iterable[Any] = (),
     max_visits: int = MAX_VISITS,
 ) -> Reach:
-    """Return the models and objects reachable from ``roots`` (see the module docstring)."""
+    """Return what is reachable from the ``(label, root)`` pairs (see the module docstring)."""
     seen: set[int] = {id(obj) for obj in skip}
     found: set[int] = set()
-    stack = list(roots)
+    met: list[tuple[str, Any]] = []
     visits = 0
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        visits += 1
-        if visits > max_visits:
-            return Reach(frozenset(found), frozenset(seen), complete=False)
-        kind = type(obj)
-        if models and issubclass(kind, models):
-            found.add(id(obj))
-        elif (
-            gc.is_tracked(obj)
-            and not issubclass(kind, OPAQUE)
-            and not (callbacks and issubclass(kind, callbacks))
-        ):
-            stack.extend(gc.get_referents(obj))
-    return Reach(frozenset(found), frozenset(seen), complete=True)
+    for label, root in roots:
+        stack = [root]
+        while stack:
+            obj = stack.pop()
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            visits += 1
+            if visits > max_visits:
+                return Reach(frozenset(found), frozenset(seen), False, tuple(met))
+            kind = type(obj)
+            if models and issubclass(kind, models):
+                found.add(id(obj))
+            elif callbacks and issubclass(kind, callbacks):
+                met.append((label, obj))
+            elif gc.is_tracked(obj) and not issubclass(kind, OPAQUE):
+                stack.extend(gc.get_referents(obj))
+    return Reach(frozenset(found), frozenset(seen), True, tuple(met))

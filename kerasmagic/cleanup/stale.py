@@ -2,9 +2,10 @@
 
 Pure planning: ``plan_cleanup`` only looks; the returned actions do the cutting. Nothing here
 ever touches an object that is not model state: names bound to a model are unbound, models are
-taken out of containers (the rest of the container stays), callbacks such as ``History`` lose
-their ``.model`` link and keep their numbers, IPython's output cache forgets entries that hold a
-model, and stored tracebacks drop their frames' locals.
+taken out of rebound containers and rebound objects of the user's classes (the rest stays),
+callbacks such as ``History`` (at any depth) lose their ``.model`` link and keep their numbers,
+IPython's output cache forgets entries that hold a model, and stored tracebacks drop their
+frames' locals.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kerasmagic.cleanup.cuts import (
-    REBOUND_DEPTH,
     clear_frames_of,
     cut_link,
     forget_output,
+    models_under,
     set_attr,
     set_item,
     strip_binding,
@@ -68,7 +69,7 @@ def _release_names(
 ) -> None:
     for name in names:
         value = ns.get(name)
-        models = _models_in(value, name, types, (), REBOUND_DEPTH)
+        models = list(models_under(name, value, types))
         found = _stale(plan, models)
         for path, model in models:  # also held under a kept name, at any depth: it stays
             if id(model) in plan.held and id(model) not in plan.kept:
@@ -121,18 +122,30 @@ def _release_tracebacks(plan: Plan, ns: MutableMapping[str, Any], types: tuple[t
 
 
 def _cut_callback_links(
-    plan: Plan, ns: MutableMapping[str, Any], types: tuple[type, ...], cbs: tuple[type, ...]
+    plan: Plan,
+    ns: MutableMapping[str, Any],
+    types: tuple[type, ...],
+    cbs: tuple[type, ...],
+    deeper: Iterable[tuple[str, Any]],
 ) -> None:
+    """Cut callbacks' links to models nothing kept holds: those near a name by their path,
+    then those found deeper (``log["exp"]["runs"][3]["history"]``) by their root name."""
+    found = [
+        (f"{path}.model", obj)
+        for name in scan_order(ns)
+        for path, obj in walk(name, ns.get(name), cbs)
+        if is_a(obj, cbs)
+    ]
+    found += [(f"{type(obj).__name__}.model in {root}", obj) for root, obj in deeper]
     seen: set[int] = set()
-    for name in scan_order(ns):
-        for path, obj in walk(name, ns.get(name), cbs):
-            if not is_a(obj, cbs) or id(obj) in seen:
-                continue
-            seen.add(id(obj))
-            model = callback_model(obj)
-            if is_a(model, types) and id(model) not in plan.held:
-                plan.stale[id(model)] = (f"{path}.model", model)
-                plan.actions.append((f"{path}.model", cut_link(obj)))
+    for label, obj in found:
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        model = callback_model(obj)
+        if is_a(model, types) and id(model) not in plan.held:
+            plan.stale[id(model)] = (label, model)
+            plan.actions.append((label, cut_link(obj)))
 
 
 def _release_shell(plan: Plan, shell: Any, types: tuple[type, ...]) -> None:
@@ -170,16 +183,17 @@ def plan_cleanup(
         kept_names = [name for name in users if name not in release]
         for name in kept_names:
             plan.kept.update((id(m), (p, m)) for p, m in _models_in(ns.get(name), name, types, ()))
-        reach = reachable((ns[n] for n in kept_names if n in ns), types, cbs, skip=(ns,))
+        reach = reachable(((n, ns[n]) for n in kept_names if n in ns), types, cbs, skip=(ns,))
         plan.held = reach.models | frozenset(plan.kept)
         plan.shared = reach.objects
         plan.complete = reach.complete
+        released = reachable(((n, ns[n]) for n in sorted(release) if n in ns), types, cbs, (ns,))
         _release_names(plan, ns, sorted(release), types)
         _release_output_cache(plan, ns, types, cbs)
         _release_tracebacks(plan, ns, types)
         if shell is not None:
             _release_shell(plan, shell, types)
-        _cut_callback_links(plan, ns, types, cbs)
+        _cut_callback_links(plan, ns, types, cbs, reach.callbacks + released.callbacks)
         for key in plan.held:
             plan.stale.pop(key, None)
     return plan
