@@ -64,6 +64,25 @@ def test_live_models_from_python_names_the_shells_holders(kip: InteractiveShell)
     assert [m.holders for m in kip.user_ns["models"]] == [("model",)]
 
 
+def test_deep_scan_names_holders_deep_in_the_namespace(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(kip, "log = {'exp': {'runs': [{'history': build().fit(x, y, verbose=0)}]}}")
+    run(
+        kip,
+        "class Box:\n    pass\nbox = Box()\nbox.inner = {'m': [build()]}\npred = build().predict",
+    )
+    capsys.readouterr()
+    kip.run_line_magic("gpu_mem", "--deep --json")
+    models = json.loads(capsys.readouterr().out)["models"]
+    holders = {h: m["freeable"] for m in models for h in m["holders"]}
+    assert holders == {
+        "log['exp']['runs'][0]['history'].model": True,  # Free memory cuts the link
+        "box.inner['m'][0]": False,
+        "pred.__self__": False,
+    }
+
+
 def test_deep_scan_finds_a_traceback_holder(
     kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -78,7 +78,9 @@ def test_history_deep_in_a_kept_log_lets_its_model_go(kip: InteractiveShell) -> 
     run(kip, 'import weakref\nresults = {"folds": []}')
     run(kip, CROSS_VALIDATION)
     run(kip, "first = weakref.ref(results['folds'][0]['history'].model)")
-    run(kip, CROSS_VALIDATION)
+    run(kip, CROSS_VALIDATION.replace(" -q", ""))
+    report = kip.user_ns["kerasmagic_report"] = __import__("kerasmagic").cleanup.last_report()
+    assert "results['folds'][0]['history'].model" in report.dropped  # named by its path
     folds = kip.user_ns["results"]["folds"]
     assert kip.user_ns["first"]() is None, "a History deep in a kept log kept its model"
     assert [f["fold"] for f in folds] == [0, 1, 0, 1]

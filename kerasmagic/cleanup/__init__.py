@@ -20,7 +20,7 @@ from kerasmagic.backends.tensorflow.purge import purge_custom_gradients
 from kerasmagic.backends.tensorflow.traces import clear_stale_traces
 from kerasmagic.cleanup.backend import reset_backend
 from kerasmagic.cleanup.heap import malloc_trim
-from kerasmagic.cleanup.holders import namespace_paths, referrer_kinds
+from kerasmagic.cleanup.holders import holder_paths, referrer_kinds
 from kerasmagic.cleanup.interrupts import held_interrupts
 from kerasmagic.cleanup.report import CleanupReport
 from kerasmagic.cleanup.stale import plan_cleanup
@@ -144,7 +144,7 @@ def _survivors(
     alive = [(path, ref()) for path, ref in watched if ref() is not None]
     if not alive:
         return ()
-    paths = namespace_paths(ns)
+    paths = holder_paths(ns, [model for _, model in alive])
     out = []
     for path, model in alive:
         holders = paths.get(id(model)) or referrer_kinds(model, (alive, *alive))

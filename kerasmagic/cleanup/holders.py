@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kerasmagic.backends.tensorflow.traced import estimate_bytes, traced_ops
+from kerasmagic.cleanup.paths import paths_to
 from kerasmagic.cleanup.tracebacks import frame_locals, stored_tracebacks
 from kerasmagic.probes.keras_state import (
     callback_types,
@@ -85,14 +86,25 @@ def namespace_paths(namespace: Mapping[str, Any]) -> dict[int, list[str]]:
     return paths
 
 
+def holder_paths(namespace: Mapping[str, Any], models: list[Any]) -> dict[int, list[str]]:
+    """Return ``namespace_paths``, plus a path for each of ``models`` held only deeper."""
+    paths = namespace_paths(namespace)
+    missing = {id(m) for m in models if id(m) not in paths}
+    if missing:  # held deeper than the near walk looks: search from every name
+        roots = [(name, namespace.get(name)) for name in scan_order(namespace)]
+        deep = paths_to(roots, missing, callback_types(), model_types())
+        paths.update((key, [path]) for key, path in deep.items())
+    return paths
+
+
 def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> list[str]:
     """Describe what refers to ``obj`` when no namespace path does (slow; survivors only)."""
     kinds = []
     skip = {id(x) for x in ignore} | {id(sys._getframe()), id(sys._getframe(1))}
     for ref in gc.get_referrers(obj):
-        if id(ref) in skip:
-            continue
         kind = type(ref)
+        if id(ref) in skip or (kind is pytypes.MethodType and ref.__self__ is obj):
+            continue  # the object's own bound methods (Keras keeps some): not holders
         if kind is pytypes.FrameType:
             kinds.append(f"a running frame ({ref.f_code.co_name})")
         elif issubclass(kind, dict):
@@ -172,7 +184,7 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
         for layer in _layers(m):
             if is_a(layer, types):
                 owners[id(layer)] = f"layer of model '{m.name}'"
-    paths = namespace_paths(namespace)
+    paths = holder_paths(namespace, [m for m in models if id(m) not in inner])
     out = []
     for m in models:
         if id(m) in inner:

@@ -25,6 +25,7 @@ from kerasmagic.cleanup.cuts import (
     strip_binding,
     unbind,
 )
+from kerasmagic.cleanup.paths import callback_labels
 from kerasmagic.cleanup.reach import reachable
 from kerasmagic.cleanup.tracebacks import frame_locals, stored_tracebacks
 from kerasmagic.probes.keras_state import (
@@ -128,24 +129,25 @@ def _cut_callback_links(
     cbs: tuple[type, ...],
     deeper: Iterable[tuple[str, Any]],
 ) -> None:
-    """Cut callbacks' links to models nothing kept holds: those near a name by their path,
-    then those found deeper (``log["exp"]["runs"][3]["history"]``) by their root name."""
-    found = [
+    """Cut callbacks' links to models nothing kept holds, at any depth of the namespace."""
+    near = [
         (f"{path}.model", obj)
         for name in scan_order(ns)
         for path, obj in walk(name, ns.get(name), cbs)
         if is_a(obj, cbs)
     ]
-    found += [(f"{type(obj).__name__}.model in {root}", obj) for root, obj in deeper]
-    seen: set[int] = set()
-    for label, obj in found:
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
+    seen = {id(obj) for _, obj in near}
+    deep = []
+    for root, obj in deeper:  # a callback both kept and rebound names reach comes twice
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            deep.append((root, obj))
+    for label, obj in near + callback_labels(ns, deep, types, cbs):
         model = callback_model(obj)
-        if is_a(model, types) and id(model) not in plan.held:
-            plan.stale[id(model)] = (label, model)
-            plan.actions.append((label, cut_link(obj)))
+        if not is_a(model, types) or id(model) in plan.held:
+            continue
+        plan.stale[id(model)] = (label, model)
+        plan.actions.append((label, cut_link(obj)))
 
 
 def _release_shell(plan: Plan, shell: Any, types: tuple[type, ...]) -> None:

@@ -122,6 +122,37 @@ def items_of(obj: Any, limit: int = MAX_ITEMS) -> list[tuple[str, Any]] | None:
     return None
 
 
+_INSTALLED = ("site-packages", "dist-packages")
+
+
+def _user_class(kind: type) -> bool:
+    """Return whether ``kind`` is the user's: defined in a notebook cell or a module of the
+    user's (not an installed package, not the standard library), or a ``SimpleNamespace``."""
+    if kind is pytypes.SimpleNamespace:
+        return True
+    module = sys.modules.get(getattr(kind, "__module__", None) or "")
+    if module is None or module.__name__.split(".")[0] in ("builtins", "kerasmagic"):
+        return False
+    if module.__name__ == "__main__":
+        return True
+    path = getattr(module, "__file__", None)
+    if not isinstance(path, str) or any(part in path for part in _INSTALLED):
+        return False
+    return not path.startswith(sys.base_prefix) and not path.startswith(sys.prefix)
+
+
+def user_attrs(obj: Any) -> dict[str, Any] | None:
+    """Return the ``__dict__`` of an instance of a user class (no user code runs), else None."""
+    kind = type(obj)
+    if issubclass(kind, type) or not _user_class(kind):
+        return None
+    try:
+        attrs = object.__getattribute__(obj, "__dict__")
+    except Exception:  # no __dict__ (slots), or an odd class
+        return None
+    return attrs if type(attrs) is dict else None
+
+
 def walk(
     path: str, obj: Any, callbacks: tuple[type, ...], depth: int = 0, max_depth: int = MAX_DEPTH
 ) -> Iterator[tuple[str, Any]]:
