@@ -195,8 +195,7 @@ def test_jax_settings_before_and_after_jax_starts() -> None:
     first, imported, preallocate, late, cap = python(JAX_CONFIG, KERAS_BACKEND="jax")
     assert first.startswith("XLA_PYTHON_CLIENT_PREALLOCATE=false set for JAX")
     assert not imported and preallocate == "false"
-    assert late.startswith("too late: JAX has already started its devices")
-    assert "\n" not in late
+    assert late == "JAX runs on the CPU in this kernel: no GPU memory to configure"
     assert cap.startswith("no GPU to cap for JAX")
 
 

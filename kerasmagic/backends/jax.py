@@ -119,6 +119,10 @@ def configure(growth: bool, limit_mb: int | None) -> str:
         return settings
     shown = " and ".join(f"{k}={v}" for k, v in settings.items())
     if started():
+        jax = _jax()
+        platform = attempt(lambda: str(jax.default_backend()), None) if jax else None
+        if platform == "cpu":
+            return "JAX runs on the CPU in this kernel: no GPU memory to configure"
         return TOO_LATE.format(settings=shown)
     os.environ.update(settings)
     return f"{shown} set for JAX (read when JAX starts its devices)"
