@@ -47,17 +47,18 @@ def sigint_once(owner, name, skip=0):
 """
 LIBRARY = """
 import os, signal, time
+def ctrl_c():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)  # the handler runs here
 def swallow():
     try:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.2)
+        ctrl_c()
     except:
         pass
     return 1
 def convert():
     try:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.2)
+        ctrl_c()
     except:
         raise TypeError("Cannot find maximum value")
 def retry():
@@ -74,23 +75,25 @@ class Scope:
     def __exit__(self, *exc):
         assert Scope.stack.pop() is self, "scope nesting broken"
 released = []
+def deliberate():
+    try:
+        ctrl_c()
+    except KeyboardInterrupt:
+        return "stopped"
 def through_a_with():
     with Scope():
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.2)
+        ctrl_c()
 def swallowed_in_a_with():
     with Scope():
         try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.2)
+            ctrl_c()
         except:
             pass
     return 1
 def swallowed_before_a_finally():
     try:
         try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.2)
+            ctrl_c()
         except:
             pass
     finally:
@@ -211,6 +214,29 @@ def test_a_librarys_exits_and_finally_blocks_still_run(client: Any, call: str) -
     assert kernel_value(client, "[ran, len(swallower.Scope.stack)]") == [False, 0]
     if "finally" in call:
         assert kernel_value(client, "swallower.released") == [1]
+
+
+@pytest.mark.parametrize(
+    ("cell", "expected"),
+    [
+        ("result = swallower.deliberate()", "stopped"),
+        # IPython's !cmd stops the command on Ctrl-C, prints it and goes on (exit code -2)
+        (
+            "threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+            "!sleep 5\nresult = _exit_code",
+            -2,
+        ),
+    ],
+)
+def test_a_librarys_own_except_keyboardinterrupt_is_respected(
+    client: Any, cell: str, expected: Any
+) -> None:
+    content, text = kernel_run(
+        client, f"import swallower, threading\nran = False\n{cell}\nran = True"
+    )
+    faultcounts.add("interrupts sent", 1)
+    assert content["status"] == "ok", text
+    assert kernel_value(client, "[ran, result]") == [True, expected]
 
 
 def test_a_library_retry_loop_around_a_bare_except_does_not_keep_the_cell(client: Any) -> None:

@@ -170,6 +170,42 @@ def test_hostile_objects_break_nothing(kip: InteractiveShell, capsys: Any) -> No
         assert name in kip.user_ns
 
 
+HOSTILE_HOLDERS = """
+class Meta(type):
+    def __getattribute__(cls, name):
+        raise RuntimeError("metaclass says no")
+class Guarded(metaclass=Meta):
+    pass
+class Slotted:
+    __slots__ = ("model",)
+class Odd:
+    @property
+    def __dict__(self):
+        raise RuntimeError("no dict")
+def holders():
+    g, s, o = Guarded(), Slotted(), Odd()
+    s.model = build()
+    return {"g": g, "s": s, "o": o, "lazy": LazyProxy(), "any": Anything(), "dead": dead}
+"""
+
+
+def test_hostile_objects_holding_models_break_nothing(kip: InteractiveShell, capsys: Any) -> None:
+    """Rebound and kept, deep in a log with a History: the walks that look into the user's
+    objects and name deep holders judge them by type and their own dicts, never their code."""
+    run(kip, HOSTILE + HOSTILE_HOLDERS)
+    cell = (
+        "%%fresh_model\nbox = holders()\n"
+        "log = [{'deep': [holders(), build().fit(x, y, verbose=0)]}]"
+    )
+    for _ in range(2):
+        run(kip, cell)
+    kip.run_line_magic("gpu_mem", "--deep")
+    text = "".join(capsys.readouterr())
+    assert "Traceback" not in text and "Error" not in text and "failed" not in text, text
+    assert "log[0]['deep'][1].model" in text  # the History's link, named by its path
+    assert type(kip.user_ns["box"]["s"].model).__name__ == "Sequential"  # slots: left alone
+
+
 def test_dead_proxy_in_a_stored_traceback(kip: InteractiveShell, capsys: Any) -> None:
     cell = (
         "import weakref\nclass _T: pass\n"

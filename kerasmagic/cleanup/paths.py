@@ -14,6 +14,7 @@ from typing import Any
 from kerasmagic.probes.keras_state import callback_model, is_a, items_of, user_attrs
 
 MAX_DEPTH = 12
+MAX_VISITS = 200_000  # a search that finds nothing gives up here (its caller says "a ... in")
 
 
 def _children(obj: Any, callbacks: tuple[type, ...]) -> list[tuple[str, Any]]:
@@ -47,6 +48,8 @@ def paths_to(
             if id(obj) in seen:
                 continue
             seen.add(id(obj))
+            if len(seen) > MAX_VISITS:
+                return found
             if id(obj) in targets:
                 found[id(obj)] = path
             if depth >= MAX_DEPTH or is_a(obj, models):

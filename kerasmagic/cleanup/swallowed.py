@@ -9,19 +9,21 @@ While a cell runs in a kernel with kerasmagic loaded, a ``KeyboardInterrupt`` ra
 is followed until it leaves the cell: the frames on the stack when it was raised are traced
 (their lines, returns and exceptions, nothing else). If one of them turns it into another
 exception in code that is not the user's, the interrupt is raised instead. If one goes on
-without it (it was caught and dropped), it is raised again in that frame at the next point
-where Python itself delivers a Ctrl-C: after a call returns, at a loop's jump back, or as the
-frame returns. Never at the code a frame runs on its way out of a ``with`` or into a
-``finally``: raising there would skip the ``__exit__`` or the ``finally`` (TensorFlow's
-context stacks then break: "Exiting device scope without proper scope nesting"). Code of the
-user's (a cell, a function defined in one, a module outside the installed packages) that
-catches it on purpose is left alone. With a debugger or coverage tracing the kernel, nothing
-is followed.
+without it (a bare ``except:`` or ``except BaseException:`` dropped it), it is raised again in
+that frame at the next point where Python itself delivers a Ctrl-C: after a call returns, at a
+loop's jump back, or as the frame returns. Never at the code a frame runs on its way out of a
+``with`` or into a ``finally``: raising there would skip the ``__exit__`` or the ``finally``
+(TensorFlow's context stacks then break: "Exiting device scope without proper scope
+nesting"). Code of the user's (a cell, a function defined in one, a module outside the
+installed packages) that catches it is left alone, and so is a library's ``except
+KeyboardInterrupt:`` (IPython's ``!cmd`` stops the command and goes on, as it does without
+kerasmagic). With a debugger or coverage tracing the kernel, nothing is followed.
 """
 
 from __future__ import annotations
 
 import dis
+import linecache
 import sys
 import sysconfig
 from types import CodeType, FrameType
@@ -62,6 +64,13 @@ def is_library(code: CodeType) -> bool:
     )
 
 
+def _names_interrupt(frame: FrameType) -> bool:
+    """Return whether the frame's line is an ``except`` clause naming ``KeyboardInterrupt``
+    (IPython's ``!cmd``, a sweep returning what finished): a library catching it on purpose."""
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    return line.startswith("except") and "KeyboardInterrupt" in line
+
+
 def _opcode(frame: FrameType, offset: int | None = None) -> int:
     code = frame.f_code.co_code
     at = frame.f_lasti if offset is None else offset
@@ -76,6 +85,7 @@ class InterruptWatch:
         self._error: BaseException | None = None
         self._watched: dict[FrameType, tuple[Any, bool, bool]] = {}  # frame -> its trace settings
         self._handling: set[FrameType] = set()  # frames running an except block for it
+        self._deliberate: set[FrameType] = set()  # ... one that names KeyboardInterrupt
         self._pending: dict[FrameType, int] = {}  # went on without it -> last offset run
         self._outermost: FrameType | None = None
         self.raised_again = 0
@@ -114,6 +124,7 @@ class InterruptWatch:
             frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes = trace, lines, opcodes
         self._watched.clear()
         self._handling.clear()
+        self._deliberate.clear()
         self._pending.clear()
         self._error = self._outermost = None
 
@@ -136,6 +147,8 @@ class InterruptWatch:
                 self._step(frame)
             elif sys.exc_info()[1] is error:
                 self._handling.add(frame)  # caught here: see what this frame does with it
+                if _names_interrupt(frame):
+                    self._deliberate.add(frame)
             elif _opcode(frame) != _HANDLER_ENTRY:  # else entering a handler, still raised
                 self._went_on_without_it(frame)
         elif event == "return":
@@ -151,8 +164,8 @@ class InterruptWatch:
 
     def _stays(self, frame: FrameType) -> bool:
         """Return whether the interrupt must go on from ``frame`` (not the user's own catch)."""
-        if frame in self._handling and not is_library(frame.f_code):
-            self.disarm()  # the user's own code caught it on purpose
+        if frame in self._handling and (frame in self._deliberate or not is_library(frame.f_code)):
+            self.disarm()  # caught on purpose: the user's code, or `except KeyboardInterrupt`
             return False
         return True
 
@@ -173,6 +186,7 @@ class InterruptWatch:
     def _forget(self, frame: FrameType) -> None:
         del self._watched[frame]
         self._handling.discard(frame)
+        self._deliberate.discard(frame)
         self._pending.pop(frame, None)
         frame.f_trace = None
 

@@ -130,13 +130,17 @@ def _user_class(kind: type) -> bool:
     user's (not an installed package, not the standard library), or a ``SimpleNamespace``."""
     if kind is pytypes.SimpleNamespace:
         return True
-    module = sys.modules.get(getattr(kind, "__module__", None) or "")
-    if module is None or module.__name__.split(".")[0] in ("builtins", "kerasmagic"):
+    try:  # the class's and the module's own dicts: no metaclass or lazy-module code runs
+        name = type.__getattribute__(kind, "__dict__").get("__module__")
+        module = sys.modules.get(name) if type(name) is str else None
+        path = object.__getattribute__(module, "__dict__").get("__file__") if module else None
+    except Exception:
         return False
-    if module.__name__ == "__main__":
+    if module is None or name.split(".")[0] in ("builtins", "kerasmagic"):
+        return False
+    if name == "__main__":
         return True
-    path = getattr(module, "__file__", None)
-    if not isinstance(path, str) or any(part in path for part in _INSTALLED):
+    if type(path) is not str or any(part in path for part in _INSTALLED):
         return False
     return not path.startswith(sys.base_prefix) and not path.startswith(sys.prefix)
 
