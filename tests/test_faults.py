@@ -48,10 +48,14 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KernelMan
         yield km, client
 
 
-@pytest.fixture(scope="module")
-def jax_kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KernelManager, Any]]:
-    """The same on Keras's JAX backend (JAX runs a Python callback at every gc collection)."""
-    with real_kernel(str(tmp_path_factory.mktemp("faults_jax")), "jax") as (km, client):
+@pytest.fixture(scope="module", params=["jax", "torch"])
+def other_kernel(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[KernelManager, Any]]:
+    """The same on Keras's JAX backend (JAX runs a Python callback at every gc collection) and
+    on PyTorch."""
+    backend = request.param
+    with real_kernel(str(tmp_path_factory.mktemp(f"faults_{backend}")), backend) as (km, client):
         run(client, SETUP, timeout_s=180)
         yield km, client
 
@@ -134,9 +138,11 @@ def test_ctrl_c_at_random_moments_always_stops_the_cell(
     interrupt_fits(*kernel, window)
 
 
-def test_ctrl_c_on_jax_always_stops_the_cell(jax_kernel: tuple[KernelManager, Any]) -> None:
+def test_ctrl_c_on_jax_and_torch_always_stops_the_cell(
+    other_kernel: tuple[KernelManager, Any],
+) -> None:
     """JAX's gc callback used to swallow an interrupt landing in a collection."""
-    interrupt_fits(*jax_kernel, (0.0, 2.0))
+    interrupt_fits(*other_kernel, (0.0, 2.0))
 
 
 HOSTILE = """
