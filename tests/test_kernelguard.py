@@ -80,6 +80,11 @@ def deliberate():
         ctrl_c()
     except KeyboardInterrupt:
         return "stopped"
+def reworded():
+    try:
+        ctrl_c()
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt("Interrupted by user") from None  # as ipykernel's input() does
 def through_a_with():
     with Scope():
         ctrl_c()
@@ -237,6 +242,13 @@ def test_a_librarys_own_except_keyboardinterrupt_is_respected(
     faultcounts.add("interrupts sent", 1)
     assert content["status"] == "ok", text
     assert kernel_value(client, "[ran, result]") == [True, expected]
+
+
+def test_a_librarys_own_keyboardinterrupt_is_shown_as_it_raised_it(client: Any) -> None:
+    content, text = kernel_run(client, "import swallower\nswallower.reworded()")
+    faultcounts.add("interrupts sent", 1)
+    assert content["ename"] == "KeyboardInterrupt", text
+    assert content["evalue"] == "Interrupted by user", text
 
 
 def test_a_library_retry_loop_around_a_bare_except_does_not_keep_the_cell(client: Any) -> None:

@@ -140,7 +140,11 @@ class InterruptWatch:
             value = arg[1]
             if value is error:
                 self._pending.pop(frame, None)  # on its way out again
-            elif value.__context__ is error and is_library(frame.f_code):
+            elif (
+                value.__context__ is error
+                and not isinstance(value, KeyboardInterrupt)  # ipykernel's "Interrupted by user"
+                and is_library(frame.f_code)
+            ):
                 self._raise_again()  # turned into another exception: the interrupt instead
         elif event in ("line", "opcode"):
             if frame in self._pending:
