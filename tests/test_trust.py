@@ -121,6 +121,25 @@ def test_model_in_a_rebound_objects_attribute_goes_first(kip: InteractiveShell) 
     assert kip.user_ns["trainer"].model is not None
 
 
+def test_model_behind_a_filtered_traceback_is_freed(kip: InteractiveShell) -> None:
+    """A callback that raises inside fit(): Keras filters its own frames out of the traceback,
+    but the frames left in it still reach them (``f_back``), and fit's frame holds the model."""
+    run(
+        kip,
+        "import weakref\nclass Boom(keras.callbacks.Callback):\n"
+        "    def on_epoch_end(self, epoch, logs=None):\n        raise RuntimeError('boom')",
+    )
+    failed = kip.run_cell(
+        "%%fresh_model -q\nmodel = build()\nmodel.fit(x, y, verbose=0, callbacks=[Boom()])",
+        store_history=True,
+    )
+    assert isinstance(failed.error_in_exec, RuntimeError)
+    run(kip, "old = weakref.ref(model)")
+    run(kip, "%%fresh_model -q\nmodel = build()")
+    assert kip.user_ns["old"]() is None, "the traceback's hidden frames kept the model"
+    assert sys.last_traceback is not None  # the error itself is kept for %tb
+
+
 # -- hostile objects -------------------------------------------------------------------------
 HOSTILE = """
 import weakref

@@ -29,6 +29,43 @@ def stored_tracebacks() -> Iterator[tuple[str, pytypes.TracebackType]]:
             obj = getattr(obj, "__context__", None) if isinstance(obj, BaseException) else None
 
 
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+MAX_CALLERS = 1000
+
+
+def _cell_boundaries() -> set[pytypes.CodeType]:
+    """Return IPython's ``run_code``: a failed cell's frames end below it."""
+    shell = getattr(sys.modules.get("IPython.core.interactiveshell"), "InteractiveShell", None)
+    code = getattr(getattr(shell, "run_code", None), "__code__", None)
+    return {code} if code is not None else set()
+
+
+def kept_frames(tb: pytypes.TracebackType) -> Iterator[pytypes.FrameType]:
+    """Yield the frames ``tb`` keeps alive: its own, and the callers each of them links to.
+
+    A library that rewrites tracebacks (Keras filters its own frames out) leaves those frames
+    out of ``tb`` but not dead: the frames still in it reach them through ``f_back``, with the
+    model in their locals. The walk up stops at the cell's runner, at a generator or coroutine
+    (a long-lived one, such as the kernel's dispatch loop, must never be finalized) and after
+    ``MAX_CALLERS`` frames.
+    """
+    stops = _cell_boundaries()
+    seen: set[int] = set()
+    walker: pytypes.TracebackType | None = tb
+    while walker is not None:
+        frame: pytypes.FrameType | None = walker.tb_frame
+        own = True
+        for _ in range(MAX_CALLERS):
+            if frame is None or id(frame) in seen:
+                break
+            if not own and (frame.f_code in stops or frame.f_code.co_flags & _SUSPENDABLE):
+                break
+            seen.add(id(frame))
+            yield frame
+            frame, own = frame.f_back, False
+        walker = walker.tb_next
+
+
 def frame_locals(
     label: str, tb: pytypes.TracebackType, namespace: Mapping[str, Any]
 ) -> Iterator[tuple[str, Any]]:
@@ -36,22 +73,16 @@ def frame_locals(
 
     A cell's own frame is skipped: its locals are the user namespace itself.
     """
-    walker: pytypes.TracebackType | None = tb
-    while walker is not None:
-        frame = walker.tb_frame
+    for frame in kept_frames(tb):
         if frame.f_locals is not namespace:
             for name, value in list(frame.f_locals.items()):
                 yield f"{label} ({frame.f_code.co_name}: {name})", value
-        walker = walker.tb_next
 
 
 def clear_frames(tb: pytypes.TracebackType) -> None:
-    """Drop the locals of every finished frame of ``tb`` (the error text stays for ``%tb``)."""
-    walker: pytypes.TracebackType | None = tb
-    while walker is not None:
-        frame = walker.tb_frame
+    """Drop the locals of every finished frame ``tb`` keeps (the error text stays for ``%tb``)."""
+    for frame in list(kept_frames(tb)):
         with contextlib.suppress(RuntimeError):  # a frame still running stays as it is
             frame.clear()
         if frame.f_code.co_flags & inspect.CO_OPTIMIZED:
             _ = frame.f_locals  # Python 3.11 keeps a stale locals dict until re-synced
-        walker = walker.tb_next
