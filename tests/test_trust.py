@@ -134,10 +134,27 @@ def test_model_behind_a_filtered_traceback_is_freed(kip: InteractiveShell) -> No
         store_history=True,
     )
     assert isinstance(failed.error_in_exec, RuntimeError)
+    del failed  # it holds the error too
     run(kip, "old = weakref.ref(model)")
     run(kip, "%%fresh_model -q\nmodel = build()")
     assert kip.user_ns["old"]() is None, "the traceback's hidden frames kept the model"
     assert sys.last_traceback is not None  # the error itself is kept for %tb
+
+
+def test_model_whose_fit_failed_while_tracing_is_freed(kip: InteractiveShell) -> None:
+    """A shape error while TensorFlow traced fit(): the stored error's frames run a function
+    Keras made for that model alone, so clearing their locals is not enough (and the cleanup's
+    own loop kept the last cut, the traceback, alive while it checked). The stored error goes."""
+    run(kip, "import weakref")
+    failed = kip.run_cell("%%fresh_model -q\nmodel = build()\nmodel.fit(x[:, :5], y)", True)
+    assert isinstance(failed.error_in_exec, ValueError)
+    del failed  # it holds the error too
+    run(kip, "old = weakref.ref(model)")
+    run(kip, "%%fresh_model -q\nmodel = build()\nstill_alive = old() is not None")
+    assert kip.user_ns["still_alive"] is False, "the model of the failed trace survived"
+    report = __import__("kerasmagic").cleanup.last_report()
+    assert not report.not_freed and "dropped the stored error too" in report.summary()
+    assert sys.last_traceback is None
 
 
 # -- hostile objects -------------------------------------------------------------------------

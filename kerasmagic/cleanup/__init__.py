@@ -10,13 +10,13 @@ import gc
 import sys
 import time
 import weakref
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
 from kerasmagic.backends.tensorflow import stack as tfstack
 from kerasmagic.backends.tensorflow.alloc import read_tf
-from kerasmagic.backends.tensorflow.purge import purge_custom_gradients
+from kerasmagic.backends.tensorflow.purge import PurgeResult, purge_custom_gradients
 from kerasmagic.backends.tensorflow.traces import clear_stale_traces
 from kerasmagic.cleanup.backend import reset_backend
 from kerasmagic.cleanup.heap import malloc_trim
@@ -24,6 +24,7 @@ from kerasmagic.cleanup.holders import holder_paths, referrer_kinds
 from kerasmagic.cleanup.interrupts import held_interrupts
 from kerasmagic.cleanup.report import CleanupReport
 from kerasmagic.cleanup.stale import plan_cleanup
+from kerasmagic.cleanup.tracebacks import drop_stored_errors
 from kerasmagic.probes import read_ram
 
 
@@ -97,19 +98,21 @@ def _reset(
     rss_before, tf_before = read_ram().rss_bytes, read_tf().current_bytes
     watched = [(path, weakref.ref(model)) for path, model in plan.stale.values()]
     plan_notes = list(dict.fromkeys(plan.notes))
-    for _, act in plan.actions:
-        act()
+    _cut(plan.actions)  # in a function: a loop variable here would keep the last cut's closure
     stale_and_kept = ([m for _, m in plan.stale.values()], [m for _, m in plan.kept.values()])
     plan_notes += clear_stale_traces(ns, *stale_and_kept)  # before the purge: frees their graphs
     del plan, stale_and_kept
     notes = plan_notes + _reset_tensorflow(patch_stack_traces)
-    purge = purge_custom_gradients() if "tensorflow" in sys.modules else None
-    if purge is None:
-        gc.collect()
-    elif purge.message:
+    purge = _collect()
+    not_freed = _survivors(watched, ns)
+    held_by_error = any(label.startswith("sys.last") for label in dropped)
+    if not_freed and held_by_error and drop_stored_errors(shell):  # see drop_stored_errors
+        notes.append("dropped the stored error too: it held a model (%tb has nothing to show)")
+        purge = _merge(purge, _collect())
+        not_freed = _survivors(watched, ns)
+    if purge is not None and purge.message:
         notes.append(purge.message)
     malloc_trim()
-    not_freed = _survivors(watched, ns)
     tf_after = read_tf().current_bytes
     return CleanupReport(
         dropped=dropped,
@@ -122,6 +125,26 @@ def _reset(
         notes=tuple(notes),
         stale_models=len(watched),
     )
+
+
+def _cut(actions: list[tuple[str, Callable[[], None]]]) -> None:
+    for _, act in actions:
+        act()
+
+
+def _collect() -> PurgeResult | None:
+    """Collect garbage, purging TF's custom gradients whose graphs go with it (None: no TF)."""
+    if "tensorflow" in sys.modules:
+        return purge_custom_gradients()
+    gc.collect()
+    return None
+
+
+def _merge(first: PurgeResult | None, second: PurgeResult | None) -> PurgeResult | None:
+    if first is None or second is None:
+        return first or second
+    dropped = first.dropped + second.dropped
+    return PurgeResult(dropped, second.kept, second.unknown, first.message or second.message)
 
 
 def _reset_tensorflow(patch_stack_traces: bool) -> list[str]:

@@ -86,3 +86,24 @@ def clear_frames(tb: pytypes.TracebackType) -> None:
             frame.clear()
         if frame.f_code.co_flags & inspect.CO_OPTIMIZED:
             _ = frame.f_locals  # Python 3.11 keeps a stale locals dict until re-synced
+
+
+def drop_stored_errors(shell: Any | None) -> bool:
+    """Forget the stored error: ``sys.last_*``, the shell's last result's error and the
+    traceback IPython's formatter keeps; return whether there was one.
+
+    Its frames keep the functions they ran even with their locals dropped, and an error while
+    TensorFlow traced ``fit`` ran a function Keras made for that model alone.
+    """
+    found = False
+    for attr in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if getattr(sys, attr, None) is not None:
+            found = True
+            setattr(sys, attr, None)
+    result: Any = getattr(shell, "last_execution_result", None)
+    if getattr(result, "error_in_exec", None) is not None:
+        result.error_in_exec = None
+    formatter: Any = getattr(shell, "InteractiveTB", None)
+    if getattr(formatter, "tb", None) is not None:
+        formatter.tb = None  # IPython's own "lingering reference" (ultratb's words)
+    return found
