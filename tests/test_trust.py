@@ -98,6 +98,14 @@ def test_history_deep_in_a_kept_log_lets_its_model_go(kip: InteractiveShell) -> 
     assert folds[-1]["history"].model is kip.user_ns["model"]  # this run's link is its own
 
 
+def test_one_history_under_many_names_is_reported_once(kip: InteractiveShell) -> None:
+    run(kip, "h = build().fit(x, y, verbose=0)")
+    run(kip, "h")  # Out[n], _ and _n: the same History
+    run(kip, "%%fresh_model -q\nz = 1")
+    report = __import__("kerasmagic").cleanup.last_report()
+    assert [d for d in report.dropped if d.endswith(".model")] == ["h.model"]
+
+
 TRAINER = """
 %%fresh_model -q
 alive_before_build = old() is not None

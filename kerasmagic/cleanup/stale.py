@@ -130,19 +130,23 @@ def _cut_callback_links(
     deeper: Iterable[tuple[str, Any]],
 ) -> None:
     """Cut callbacks' links to models nothing kept holds, at any depth of the namespace."""
-    near = [
+    seen: set[int] = set()  # one callback under many names (Out[7], _, _7): its first path
+
+    def first(pairs: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        out = []
+        for label, obj in pairs:
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                out.append((label, obj))
+        return out
+
+    near = first(
         (f"{path}.model", obj)
-        for name in scan_order(ns)
+        for name in scan_order(ns)  # the user's names first
         for path, obj in walk(name, ns.get(name), cbs)
         if is_a(obj, cbs)
-    ]
-    seen = {id(obj) for _, obj in near}
-    deep = []
-    for root, obj in deeper:  # a callback both kept and rebound names reach comes twice
-        if id(obj) not in seen:
-            seen.add(id(obj))
-            deep.append((root, obj))
-    for label, obj in near + callback_labels(ns, deep, types, cbs):
+    )
+    for label, obj in near + callback_labels(ns, first(deeper), types, cbs):
         model = callback_model(obj)
         if not is_a(model, types) or id(model) in plan.held:
             continue
