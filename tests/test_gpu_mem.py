@@ -93,6 +93,20 @@ def test_deep_scan_finds_a_traceback_holder(
     assert "held by sys.last_traceback (fail: m)" in capsys.readouterr().out
 
 
+def test_deep_scan_after_a_failed_fresh_model_cell_names_the_user_s_holders_only(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The magic's runner frames pass the namespace on: they are not holders of what it holds."""
+    run(kip, "kept = build()")
+    kip.run_cell("%%fresh_model -q\nmodel = build()\n1/0", store_history=True)
+    capsys.readouterr()
+    kip.run_line_magic("gpu_mem", "--deep")
+    out = capsys.readouterr().out
+    assert "held by kept → del kept" in out
+    assert "held by model → del model" in out
+    assert "sys.last_traceback" not in out
+
+
 def test_html_in_a_notebook(kip: InteractiveShell) -> None:
     from kerasmagic.snapshot import take_snapshot
     from kerasmagic.views.render import Table, snapshot_rows

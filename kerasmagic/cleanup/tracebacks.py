@@ -71,12 +71,23 @@ def frame_locals(
 ) -> Iterator[tuple[str, Any]]:
     """Yield ``("sys.last_traceback (fn: name)", value)`` for the locals a traceback keeps.
 
-    A cell's own frame is skipped: its locals are the user namespace itself.
+    A cell's own frame is skipped (its locals are the user namespace itself), and so is the
+    namespace wherever a runner's frame holds it, as a local or in its ``*args``: its names are
+    looked at as names, not once more for every frame that passed it on.
     """
     for frame in kept_frames(tb):
-        if frame.f_locals is not namespace:
-            for name, value in list(frame.f_locals.items()):
-                yield f"{label} ({frame.f_code.co_name}: {name})", value
+        if frame.f_locals is namespace:
+            continue
+        for name, value in list(frame.f_locals.items()):
+            where = f"{label} ({frame.f_code.co_name}: {name})"
+            if value is namespace:
+                continue
+            if type(value) is tuple and any(item is namespace for item in value):
+                yield from (
+                    (f"{where}[{i}]", item) for i, item in enumerate(value) if item is not namespace
+                )
+            else:
+                yield where, value
 
 
 def clear_frames(tb: pytypes.TracebackType) -> None:
