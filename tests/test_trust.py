@@ -67,6 +67,48 @@ def test_the_kept_walk_steps_over_numbers_and_strings() -> None:
     assert walk.complete and id(data[0]) in walk.objects  # the lists are walked, not the items
 
 
+def test_models_in_a_kept_object_array_count_as_kept(kip: InteractiveShell) -> None:
+    """A results table (a NumPy array of objects, what a pandas column is made of) keeps its
+    models: the garbage collector does not see into it, so the walk looked past it and the
+    report said "NOT freed: model (held by a function closure, ...)"."""
+    from kerasmagic.cleanup import last_report
+
+    run(kip, "import numpy as np\ntable = np.empty((1, 2), dtype=object)")
+    cell = "%%fresh_model -q\nmodel = build()\ntable[0, len(table.nonzero()[0]) % 2] = model"
+    for _ in range(3):
+        run(kip, cell)
+    report = last_report()
+    assert report is not None and not report.not_freed, report.not_freed
+    assert any("table.flat[" in alive for alive in report.kept), report.kept
+    assert all(m is not None for m in kip.user_ns["table"].flat)
+
+
+OUTSIDE_HOLDERS = {
+    "clo = (lambda m: (lambda: m))(model)": "a function closure",
+    "class Holder:\n    pass\nHolder.m = model": "an attribute of class Holder",
+    "import types, sys\nsys.modules['usermod'] = types.ModuleType('usermod')\n"
+    "sys.modules['usermod'].m = model": "a global of module usermod",
+}
+
+
+@pytest.mark.parametrize("hold", OUTSIDE_HOLDERS)
+def test_a_model_held_from_outside_the_namespace_names_that_holder_only(
+    kip: InteractiveShell, hold: str
+) -> None:
+    """A survivor's holders were its own insides too ("a function closure, a dict outside the
+    namespace, a dict outside the namespace" for a Keras model only a module kept)."""
+    from kerasmagic.cleanup import last_report
+
+    run(kip, "model = build()\nmodel.fit(x, y, epochs=1, verbose=0)\n" + hold)
+    run(kip, "%%fresh_model -q\nmodel = build()")
+    report = last_report()
+    try:
+        assert report is not None
+        assert report.not_freed == (f"model (held by {OUTSIDE_HOLDERS[hold]})",)
+    finally:
+        sys.modules.pop("usermod", None)
+
+
 def test_unshared_rebound_container_is_still_cleared(kip: InteractiveShell) -> None:
     run(kip, "%%fresh_model -q\nresults = {'a': {'b': {'c': build()}}}")
     old = kip.user_ns["results"]

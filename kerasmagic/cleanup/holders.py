@@ -97,18 +97,76 @@ def holder_paths(namespace: Mapping[str, Any], models: list[Any]) -> dict[int, l
     return paths
 
 
+_SHARED = (type, pytypes.ModuleType, pytypes.FrameType, pytypes.CodeType)
+OWN_LIMIT = 200_000  # objects of a model's own graph looked at (a Keras model: ~5,000)
+
+
+def _own_objects(obj: Any, module_dicts: Mapping[int, str]) -> set[int]:
+    """Ids of what ``obj`` itself reaches (its layers, variables, traced functions and their
+    closures), not going into modules, classes, code or frames, which everything shares."""
+    seen = {id(obj)}
+    stack = [obj]
+    while stack and len(seen) < OWN_LIMIT:
+        for ref in gc.get_referents(stack.pop()):
+            key = id(ref)
+            if key in seen or key in module_dicts or not gc.is_tracked(ref):
+                continue
+            if not isinstance(ref, _SHARED):
+                seen.add(key)
+                stack.append(ref)
+    return seen
+
+
+def _module_dicts() -> dict[int, str]:
+    out: dict[int, str] = {}
+    for name, module in list(sys.modules.items()):
+        try:
+            out[id(object.__getattribute__(module, "__dict__"))] = name
+        except Exception:  # a lazy module proxy whose dict cannot be read
+            continue
+    return out
+
+
+_NOT_OWNERS = (dict, list, tuple, set, pytypes.FrameType, pytypes.FunctionType, pytypes.CellType)
+
+
+def _dict_owner(attrs: dict[Any, Any], skip: set[int]) -> str:
+    """Name the class or object whose attribute dict ``attrs`` is, if it is one."""
+    owners = [
+        owner
+        for owner in gc.get_referrers(attrs)
+        if id(owner) not in skip
+        and not isinstance(owner, _NOT_OWNERS)
+        and any(ref is attrs for ref in gc.get_referents(owner))
+    ]
+    for owner in owners:
+        if isinstance(owner, type):
+            return f"an attribute of class {type.__getattribute__(owner, '__name__')}"
+    for owner in owners:
+        return f"an attribute of a {type.__getattribute__(type(owner), '__name__')} object"
+    return "a dict outside the namespace (a module global or object attribute)"
+
+
 def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> list[str]:
-    """Describe what refers to ``obj`` when no namespace path does (slow; survivors only)."""
+    """Describe what refers to ``obj`` when no namespace path does (slow; survivors only).
+
+    Referrers inside the model's own object graph (its layers' dicts, its traced functions'
+    closures, its ``History``) are not holders: only what holds it from outside is named.
+    """
     kinds = []
+    module_dicts = _module_dicts()
     skip = {id(x) for x in ignore} | {id(sys._getframe()), id(sys._getframe(1))}
+    skip |= _own_objects(obj, module_dicts)
     for ref in gc.get_referrers(obj):
         kind = type(ref)
         if id(ref) in skip or (kind is pytypes.MethodType and ref.__self__ is obj):
             continue  # the object's own bound methods (Keras keeps some): not holders
         if kind is pytypes.FrameType:
             kinds.append(f"a running frame ({ref.f_code.co_name})")
+        elif id(ref) in module_dicts:
+            kinds.append(f"a global of module {module_dicts[id(ref)]}")
         elif issubclass(kind, dict):
-            kinds.append("a dict outside the namespace (a module global or object attribute)")
+            kinds.append(_dict_owner(ref, skip))
         elif issubclass(kind, (list, tuple, set)):
             kinds.append(f"a {kind.__name__} outside the namespace")
         elif kind.__name__ == "cell":
@@ -117,7 +175,7 @@ def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> li
             kinds.append(f"a {kind.__name__}")
         if len(kinds) >= limit:
             break
-    return kinds or ["nothing gc can see (C++ or a pending collection)"]
+    return kinds or ["nothing gc can see (C++, a NumPy array of objects, a pending collection)"]
 
 
 def _layers(model: Any) -> list[Any]:

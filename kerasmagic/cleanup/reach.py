@@ -1,21 +1,25 @@
 """Which models the user still holds: every model reachable from kept names, at any depth.
 
 The walk follows what the C types expose to the garbage collector (``gc.get_referents``):
-container items and instance attributes (``__dict__`` and slots). It never calls a user
-object's methods, so odd objects (dead ``weakref.proxy``, lazy proxies, ``__getattr__`` that
-returns anything) cannot break or slow it. It does not go into functions, classes, modules or
-frames (a function's globals are the namespace itself), into models (their insides are theirs)
-or through a callback's ``.model`` (a link that cleanup may cut).
+container items and instance attributes (``__dict__`` and slots), and the items of NumPy
+arrays of objects (a pandas column of models), which the collector does not see. It never
+calls a user object's methods, so odd objects (dead ``weakref.proxy``, lazy proxies,
+``__getattr__`` that returns anything) cannot break or slow it. It does not go into
+functions, classes, modules or frames (a function's globals are the namespace itself), into
+models (their insides are theirs) or through a callback's ``.model`` (a link that cleanup may cut).
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 import types as pytypes
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from kerasmagic.probes.keras_state import object_array_items
 
 MAX_VISITS = 2_000_000  # objects looked at; past this the walk is incomplete (see `complete`)
 
@@ -61,6 +65,7 @@ def reachable(
     met: list[tuple[str, Any]] = []
     visits = 0
     tracked, referents = gc.is_tracked, gc.get_referents  # the loop runs per object
+    arrays = _array_types()
     for label, root in roots:
         stack = [root]
         while stack:
@@ -80,5 +85,21 @@ def reachable(
             elif tracked(obj) and not issubclass(kind, OPAQUE):
                 # Untracked objects (numbers, strings, tuples and dicts of them) hold no model,
                 # callback or container of one: filtered in C, a list of 1M floats costs one visit.
-                stack.extend(filter(tracked, referents(obj)))
+                # NumPy arrays are untracked too, and one of dtype object may hold models.
+                refs = referents(obj)
+                stack.extend(filter(tracked, refs))
+                if arrays and not arrays.isdisjoint(map(type, refs)):
+                    stack.extend(_array_items(refs, arrays))
+            elif arrays and kind in arrays:
+                stack.extend(filter(tracked, object_array_items(obj, max_visits) or ()))
     return Reach(frozenset(found), frozenset(seen), True, tuple(met))
+
+
+def _array_types() -> frozenset[type]:
+    """Return NumPy's array class if NumPy is imported (arrays of objects can hold models)."""
+    ndarray = getattr(sys.modules.get("numpy"), "ndarray", None)
+    return frozenset({ndarray}) if isinstance(ndarray, type) else frozenset()
+
+
+def _array_items(refs: list[Any], arrays: frozenset[type]) -> list[Any]:
+    return [ref for ref in refs if type(ref) in arrays]

@@ -119,7 +119,27 @@ def items_of(obj: Any, limit: int = MAX_ITEMS) -> list[tuple[str, Any]] | None:
     if issubclass(kind, (set, frozenset)):
         it = set.__iter__(obj) if issubclass(kind, set) else frozenset.__iter__(obj)
         return [(f"{{{i}}}", v) for i, v in enumerate(islice(it, limit))]
+    items = object_array_items(obj, limit)
+    if items is not None:
+        one_d = len(items) == 0 or getattr(obj, "ndim", 1) == 1
+        return [(f"[{i}]" if one_d else f".flat[{i}]", v) for i, v in enumerate(items)]
     return None
+
+
+def object_array_items(obj: Any, limit: int) -> list[Any] | None:
+    """Return the first ``limit`` items of a NumPy array of Python objects (what a pandas
+    column of models is made of), or None for anything else; no subclass code runs."""
+    numpy: Any = sys.modules.get("numpy")
+    ndarray: Any = getattr(numpy, "ndarray", None)
+    if not isinstance(ndarray, type) or not issubclass(type(obj), ndarray):
+        return None
+    try:
+        plain = numpy.ndarray.view(obj, ndarray)  # the base class's view: no __array_finalize__
+        if plain.dtype.kind != "O":
+            return None
+        return list(islice(plain.flat, limit))
+    except Exception:
+        return None
 
 
 _INSTALLED = ("site-packages", "dist-packages")
