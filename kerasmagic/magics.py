@@ -17,6 +17,7 @@ from kerasmagic.backends.tensorflow.alloc import reset_peaks
 from kerasmagic.backends.tensorflow.config import configure_gpus
 from kerasmagic.cleanup import cellrun, last_report, reset
 from kerasmagic.cleanup.cellcode import compile_cell
+from kerasmagic.cleanup.globalreads import rebound_now
 from kerasmagic.cleanup.heap import MAX_MB, pin_mmap_threshold
 from kerasmagic.cleanup.holders import live_models
 from kerasmagic.cleanup.interrupts import held_interrupts
@@ -196,7 +197,7 @@ class KerasMagics(Magics):
             keep = keep_names(args.keep, self.ip.user_ns, compiled.assigned)
             report = reset(
                 self.ip.user_ns,
-                rebinding=compiled.rebound,
+                rebinding=rebound_now(self.ip.user_ns, compiled.rebinding),
                 keep=keep,
                 drop_all=args.drop_all,
                 dry_run=args.dry_run,

@@ -109,6 +109,54 @@ def test_a_model_held_from_outside_the_namespace_names_that_holder_only(
         sys.modules.pop("usermod", None)
 
 
+EARLIER_CELL_READS = {
+    "a function": (
+        "def keep_training(epochs):\n    model.fit(x, y, epochs=epochs, verbose=0)\n"
+        "    return model",
+        "model = keep_training(1)",
+    ),
+    "a function it calls": (
+        "def current():\n    return model\ndef keep_training():\n    return current()",
+        "model = keep_training()",
+    ),
+    "a method": (
+        "class Trainer:\n    def resume(self):\n        return model\ntrainer = Trainer()",
+        "model = trainer.resume()",
+    ),
+    "a lambda in a loop": ("resume = lambda: model", "for _ in range(2):\n    model = resume()"),
+    "a tf.function": (
+        "import tensorflow as tf\n@tf.function\ndef predict(v):\n    return model(v)",
+        "out = predict(x)\nmodel = build()",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", EARLIER_CELL_READS)
+def test_a_name_a_function_from_an_earlier_cell_reads_first_is_kept(
+    kip: InteractiveShell, case: str
+) -> None:
+    """``model = keep_training()`` with ``keep_training`` fitting the global ``model``: the
+    model was dropped before the cell, the function failed with NameError, the model was lost."""
+    define, cell = EARLIER_CELL_READS[case]
+    run(kip, "model = build()\n" + define)
+    before = kip.user_ns["model"]
+    result = kip.run_cell("%%fresh_model -q\n" + cell)
+    assert result.error_in_exec is None, result.error_in_exec
+    if "build()" not in cell:
+        assert kip.user_ns["model"] is before, "the model the function read was dropped"
+
+
+def test_a_function_reading_the_name_after_the_cell_rebinds_it_does_not_keep_it(
+    kip: InteractiveShell,
+) -> None:
+    from kerasmagic.cleanup import last_report
+
+    run(kip, "def evaluate():\n    return model.evaluate(x, y, verbose=0)\nmodel = build()")
+    run(kip, "%%fresh_model -q\nmodel = build()\nevaluate()")
+    report = last_report()
+    assert report is not None and "model" in report.dropped
+
+
 def test_unshared_rebound_container_is_still_cleared(kip: InteractiveShell) -> None:
     run(kip, "%%fresh_model -q\nresults = {'a': {'b': {'c': build()}}}")
     old = kip.user_ns["results"]

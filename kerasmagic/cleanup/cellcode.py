@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
-from kerasmagic.cleanup.cellparse import assigned_in, rebound_in
+from kerasmagic.cleanup.cellparse import Rebinding, assigned_in, rebinding_in
 
 MAX_CELLS = 256
 
@@ -31,9 +31,14 @@ class CompiledCell:
     body: CodeType
     last: CodeType | None
     filename: str
-    rebound: frozenset[str]  # see kerasmagic.cleanup.cellparse for the rule
+    rebinding: Rebinding  # see kerasmagic.cleanup.cellparse for the rule
     assigned: frozenset[str]
     silenced: bool  # the last expression ends with ";": show no Out, as in a plain cell
+
+    @property
+    def rebound(self) -> frozenset[str]:
+        """Return the names the cell's own code rebinds (``globalreads`` may keep some)."""
+        return self.rebinding.names
 
     @property
     def is_async(self) -> bool:
@@ -98,14 +103,14 @@ def _compile(shell: Any, source: str, code: str, number: int, offset: int) -> Co
     with compiler.extra_flags(flags):
         text = "\n" * offset + code
         tree = compiler.ast_parse(text, filename)
-        rebound, assigned = frozenset(rebound_in(tree)), frozenset(assigned_in(tree))
+        rebinding, assigned = rebinding_in(tree), frozenset(assigned_in(tree))
         silenced = _ends_with_semicolon(text, tree)
         tree = shell.transform_ast(tree)
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = compiler(ast.Expression(tree.body.pop().value), filename, "eval")
         body = compiler(tree, filename, "exec")  # the shell's compiler keeps __future__ imports
-    return CompiledCell(body, last, filename, rebound, assigned, silenced)
+    return CompiledCell(body, last, filename, rebinding, assigned, silenced)
 
 
 def _ends_with_semicolon(text: str, tree: ast.Module) -> bool:

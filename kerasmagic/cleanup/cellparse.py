@@ -8,13 +8,16 @@ the bodies of ``with``, ``for``, ``while`` (also ``async``), ``try`` and ``final
 handlers and loop/``try`` ``else`` clauses are conditional: their writes never count, and
 neither does anything nested in them. A ``for`` loop's own target is not counted. A read is any
 use of the name anywhere earlier in program order: in a condition, a loop header, a ``def``,
-``lambda``, comprehension or class body, or earlier in the same loop body.
+``lambda``, comprehension or class body, or earlier in the same loop body. A function from an
+earlier cell that the cell calls (or uses) before the assignment reads what its code reads:
+``globalreads`` resolves that against the namespace when the cell runs.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -57,15 +60,21 @@ class _Scan:
 
     def __init__(self) -> None:
         self.seen: set[str] = set()
-        self.rebound: set[str] = set()
+        self.order: list[str] = []  # the names read, in the order first read
+        self.rebound: dict[str, int] = {}  # name -> how many of ``order`` were read before
 
     def read(self, *nodes: ast.AST | None) -> None:
         for node in nodes:
             if node is not None:
-                self.seen.update(_loads(node))
+                for name in _loads(node):
+                    if name not in self.seen:
+                        self.seen.add(name)
+                        self.order.append(name)
 
     def bind(self, targets: list[ast.expr]) -> None:
-        self.rebound.update(n for t in targets for n in _target_names(t) if n not in self.seen)
+        for name in (n for t in targets for n in _target_names(t)):
+            if name not in self.seen:
+                self.rebound.setdefault(name, len(self.order))
 
     def body(self, stmts: list[ast.stmt], in_loop: bool = False) -> None:
         """Scan statements that run unconditionally (until a loop exit, when ``in_loop``)."""
@@ -105,8 +114,21 @@ class _Scan:
         self.read(*stmt.orelse)
 
 
-def rebound_in(tree: ast.Module) -> set[str]:
-    """Return top-level names ``tree`` assigns unconditionally before reading them.
+@dataclass(frozen=True)
+class Rebinding:
+    """The names a cell rebinds, and what it reads before each (for ``globalreads``)."""
+
+    names: frozenset[str]
+    read_order: tuple[str, ...] = ()  # every name the cell reads, in the order first read
+    read_before: Mapping[str, int] = field(default_factory=dict)  # name -> reads before it
+
+    def reads_before(self, name: str) -> tuple[str, ...]:
+        """Return the names the cell reads before it rebinds ``name``."""
+        return self.read_order[: self.read_before.get(name, 0)]
+
+
+def rebinding_in(tree: ast.Module) -> Rebinding:
+    """Return the top-level names ``tree`` assigns unconditionally before reading them.
 
     ``model = build()`` rebinds ``model``, also inside ``for``/``while``/``with``/``try``
     bodies; ``model = model.fit(...)``, ``results += [...]`` and ``if c: model = build()`` do
@@ -114,7 +136,12 @@ def rebound_in(tree: ast.Module) -> set[str]:
     """
     scan = _Scan()
     scan.body(tree.body)
-    return scan.rebound
+    return Rebinding(frozenset(scan.rebound), tuple(scan.order), scan.rebound)
+
+
+def rebound_in(tree: ast.Module) -> set[str]:
+    """Return the names of ``rebinding_in(tree)``."""
+    return set(rebinding_in(tree).names)
 
 
 def assigned_in(tree: ast.Module) -> set[str]:
