@@ -83,25 +83,30 @@ def test_deep_scan_names_holders_deep_in_the_namespace(
     }
 
 
+def _deep_scan_after_a_failure(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str], setup: str, failing: str
+) -> str:
+    run(kip, setup)
+    kip.run_cell(failing, store_history=True)
+    capsys.readouterr()
+    kip.run_line_magic("gpu_mem", "--deep")
+    return capsys.readouterr().out
+
+
 def test_deep_scan_finds_a_traceback_holder(
     kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run(kip, "def fail(m):\n    raise ValueError('boom')")
-    kip.run_cell("fail(build())", store_history=True)
-    capsys.readouterr()
-    kip.run_line_magic("gpu_mem", "--deep")
-    assert "held by sys.last_traceback (fail: m)" in capsys.readouterr().out
+    setup = "def fail(m):\n    raise ValueError('boom')"
+    out = _deep_scan_after_a_failure(kip, capsys, setup, "fail(build())")
+    assert "held by sys.last_traceback (fail: m)" in out
 
 
 def test_deep_scan_after_a_failed_fresh_model_cell_names_the_user_s_holders_only(
     kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The magic's runner frames pass the namespace on: they are not holders of what it holds."""
-    run(kip, "kept = build()")
-    kip.run_cell("%%fresh_model -q\nmodel = build()\n1/0", store_history=True)
-    capsys.readouterr()
-    kip.run_line_magic("gpu_mem", "--deep")
-    out = capsys.readouterr().out
+    failing = "%%fresh_model -q\nmodel = build()\n1/0"
+    out = _deep_scan_after_a_failure(kip, capsys, "kept = build()", failing)
     assert "held by kept → del kept" in out
     assert "held by model → del model" in out
     assert "sys.last_traceback" not in out
