@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 
 import pytest
 
-from kerasmagic.cleanup.cellparse import rebound_names
+from kerasmagic.cleanup.cellparse import rebinding_in, rebound_names
+from kerasmagic.cleanup.globalreads import rebound_now
 from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
 
 
@@ -29,6 +31,44 @@ from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
 )
 def test_rebound_names(source: str, names: set[str]) -> None:
     assert rebound_names(source) == names
+
+
+NOTEBOOK = """
+import functools
+def build():
+    return object()
+def current():
+    return helper() or model
+def helper():
+    return current()
+twice = functools.partial(functools.partial(current))
+class Runs:
+    @staticmethod
+    def last():
+        return model
+    @property
+    def best(self):
+        return model
+runs = Runs()
+"""
+
+
+@pytest.mark.parametrize(
+    ("cell", "names"),
+    [
+        ("model = build()", {"model"}),
+        ("model = current()", set()),  # through a cycle of two functions
+        ("model = twice()", set()),  # a partial of a partial
+        ("model = Runs.last()", set()),  # a staticmethod
+        ("model = runs.best", set()),  # a property of an object of a notebook class
+        ("model = build()\ncurrent()", {"model"}),  # read only after the rebinding
+        ("model = len('build')", {"model"}),  # builtins and strings read nothing
+    ],
+)
+def test_what_earlier_cells_functions_read_counts_as_read(cell: str, names: set[str]) -> None:
+    ns: dict[str, object] = {}
+    exec(NOTEBOOK, ns)
+    assert rebound_now(ns, rebinding_in(ast.parse(cell))) == names
 
 
 def test_snapshot_round_trips_through_json() -> None:

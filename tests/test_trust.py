@@ -124,6 +124,11 @@ EARLIER_CELL_READS = {
         "model = trainer.resume()",
     ),
     "a lambda in a loop": ("resume = lambda: model", "for _ in range(2):\n    model = resume()"),
+    "a decorated function": (
+        "def logged(fn):\n    def wrapper(*args):\n        return fn(*args)\n    return wrapper\n"
+        "@logged\ndef resume():\n    return model",
+        "model = resume()",
+    ),
     "a tf.function": (
         "import tensorflow as tf\n@tf.function\ndef predict(v):\n    return model(v)",
         "out = predict(x)\nmodel = build()",

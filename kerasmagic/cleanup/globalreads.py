@@ -5,8 +5,9 @@
 ``NameError`` and the user without the model. So each name a cell reads before rebinding a
 name is resolved in the namespace, and the globals its code reads count as reads too: a
 function defined in the notebook, a lambda, a bound method, a ``functools.partial``, a
+decorated function (``__wrapped__``, or the functions in the wrapper's closure), a
 ``tf.function`` (its Python function), a class of the notebook (its methods) and an object of
-one; through the notebook functions those read, and so on. Only code objects and class
+one; through the notebook functions those read, and so on. Only code objects, closures and
 dicts are looked at: no user code runs.
 """
 
@@ -22,6 +23,8 @@ from typing import Any
 from kerasmagic.cleanup.cellparse import Rebinding
 
 MAX_CODES = 2_000  # code objects looked at per cell; past this every name counts as read
+MAX_WRAPPING = 8  # decorators, partials and methods followed into one another
+_FUNCTIONS = (pytypes.FunctionType, pytypes.MethodType, functools.partial)
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"})
 _cache: OrderedDict[pytypes.CodeType, frozenset[str]] = OrderedDict()
 MAX_CACHED = 4_096
@@ -72,56 +75,71 @@ class _Reads:
                 todo.extend(_globals_of(code) - self.names)
 
 
-def _codes_of(obj: Any, ns: Mapping[str, Any]) -> Iterator[pytypes.CodeType]:
+def _codes_of(obj: Any, ns: Mapping[str, Any], depth: int = 0) -> Iterator[pytypes.CodeType]:
     """Yield the code objects of the notebook's functions that ``obj`` runs when used."""
+    if depth > MAX_WRAPPING:
+        return
     kind = type(obj)
-    if kind is pytypes.MethodType:
-        obj = obj.__func__
-    elif kind is functools.partial:
-        obj = obj.func
-    else:
-        wrapped = _python_function(obj)
-        obj = obj if wrapped is None else wrapped
-    if type(obj) is pytypes.FunctionType:
+    inner = _wrapped(obj)
+    if kind is pytypes.FunctionType:
         if obj.__globals__ is ns:
             yield obj.__code__
-        return
-    klass = obj if issubclass(type(obj), type) else type(obj)  # a class, or an object's class
-    try:
-        mro = type.__getattribute__(klass, "__mro__")
-    except Exception:
-        return
-    for base in mro:
-        if _own_class(base, ns):
-            yield from _class_codes(base, ns)
+    elif not inner:  # a class of the notebook, or an object of one: its methods
+        klass = obj if issubclass(kind, type) else kind
+        try:
+            mro = type.__getattribute__(klass, "__mro__")
+        except Exception:
+            return
+        for base in mro:
+            if _own_class(base, ns):
+                for method in _methods(base):
+                    yield from _codes_of(method, ns, depth + 1)
+    for item in inner:
+        yield from _codes_of(item, ns, depth + 1)
 
 
-def _python_function(obj: Any) -> Any:
-    """Return the Python function a ``tf.function`` wraps, read from its own dict."""
+def _wrapped(obj: Any) -> list[Any]:
+    """Return what ``obj`` calls when it wraps a function: a bound method's function, a
+    partial's, a decorator's (``__wrapped__``, or a function in its closure), a
+    ``tf.function``'s Python function."""
+    kind = type(obj)
+    if kind is pytypes.MethodType:
+        return [obj.__func__]
+    if kind is functools.partial:
+        return [obj.func]
+    out = []
+    if kind is pytypes.FunctionType:
+        for cell in obj.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # a closure variable not bound yet
+                continue
+            if type(value) in _FUNCTIONS:
+                out.append(value)
     try:
-        module = type.__getattribute__(type(obj), "__module__")
-        if type(module) is not str or not module.startswith("tensorflow"):
-            return None
         attrs = object.__getattribute__(obj, "__dict__")
     except Exception:
-        return None
-    return attrs.get("_python_function") if type(attrs) is dict else None
+        attrs = None
+    if type(attrs) is dict:
+        out.extend(attrs[key] for key in ("__wrapped__", "_python_function") if key in attrs)
+    return out
 
 
 def _own_class(klass: type, ns: Mapping[str, Any]) -> bool:
     """Return whether ``klass`` was defined in the notebook (its methods' globals are ``ns``)."""
     return any(
-        type(value) is pytypes.FunctionType and value.__globals__ is ns
-        for value in _class_dict(klass).values()
+        type(value) is pytypes.FunctionType and value.__globals__ is ns for value in _methods(klass)
     )
 
 
-def _class_codes(klass: type, ns: Mapping[str, Any]) -> Iterator[pytypes.CodeType]:
+def _methods(klass: type) -> Iterator[Any]:
     for value in _class_dict(klass).values():
-        if type(value) in (staticmethod, classmethod, property):
-            value = getattr(value, "__func__", getattr(value, "fget", None))
-        if type(value) is pytypes.FunctionType and value.__globals__ is ns:
-            yield value.__code__
+        if type(value) in (staticmethod, classmethod):
+            value = value.__func__
+        elif type(value) is property:
+            value = value.fget
+        if type(value) in _FUNCTIONS:
+            yield value
 
 
 def _class_dict(klass: type) -> Mapping[str, Any]:
