@@ -50,6 +50,27 @@ class Runs:
     def best(self):
         return model
 runs = Runs()
+class Trainer:
+    def __init__(self, fn):
+        self.fn = fn
+    def run(self):
+        return self.fn()
+trainer = Trainer(current)
+class timed:
+    def __init__(self, fn):
+        self.fn = fn
+    def __call__(self):
+        return self.fn()
+@timed
+def timed_resume():
+    return model
+steps = {"resume": lambda: model}
+with_callback = functools.partial(build, lambda: model)
+def with_default(cb=current):
+    return cb()
+def batches():
+    yield model
+gen = batches()
 """
 
 
@@ -63,6 +84,12 @@ runs = Runs()
         ("model = runs.best", set()),  # a property of an object of a notebook class
         ("model = build()\ncurrent()", {"model"}),  # read only after the rebinding
         ("model = len('build')", {"model"}),  # builtins and strings read nothing
+        ("model = trainer.run()", set()),  # a function kept in an object's attribute
+        ("model = timed_resume()", set()),  # a class-based decorator
+        ("model = steps['resume']()", set()),  # a lambda in a dict
+        ("model = with_callback()", set()),  # a partial's argument
+        ("model = with_default()", set()),  # a default argument
+        ("model = next(gen)", set()),  # a generator's code
     ],
 )
 def test_what_earlier_cells_functions_read_counts_as_read(cell: str, names: set[str]) -> None:

@@ -129,6 +129,15 @@ EARLIER_CELL_READS = {
         "@logged\ndef resume():\n    return model",
         "model = resume()",
     ),
+    "a tf.function method": (
+        "import tensorflow as tf\nclass Loop:\n    @tf.function\n    def step(self, v):\n"
+        "        return model(v)\n    def run(self):\n        return self.step(x)\nloop = Loop()",
+        "out = loop.run()\nmodel = build()",
+    ),
+    "a line magic": (
+        "def evaluate():\n    return model.evaluate(x, y, verbose=0)",
+        "%time evaluate()\nmodel = build()",
+    ),
     "a tf.function": (
         "import tensorflow as tf\n@tf.function\ndef predict(v):\n    return model(v)",
         "out = predict(x)\nmodel = build()",
@@ -138,15 +147,17 @@ EARLIER_CELL_READS = {
 
 @pytest.mark.parametrize("case", EARLIER_CELL_READS)
 def test_a_name_a_function_from_an_earlier_cell_reads_first_is_kept(
-    kip: InteractiveShell, case: str
+    kip: InteractiveShell, case: str, capsys: Any
 ) -> None:
     """``model = keep_training()`` with ``keep_training`` fitting the global ``model``: the
     model was dropped before the cell, the function failed with NameError, the model was lost."""
     define, cell = EARLIER_CELL_READS[case]
     run(kip, "model = build()\n" + define)
     before = kip.user_ns["model"]
+    capsys.readouterr()
     result = kip.run_cell("%%fresh_model -q\n" + cell)
     assert result.error_in_exec is None, result.error_in_exec
+    assert "NameError" not in "".join(capsys.readouterr())  # %time shows the error itself
     if "build()" not in cell:
         assert kip.user_ns["model"] is before, "the model the function read was dropped"
 
@@ -160,6 +171,49 @@ def test_a_function_reading_the_name_after_the_cell_rebinds_it_does_not_keep_it(
     run(kip, "%%fresh_model -q\nmodel = build()\nevaluate()")
     report = last_report()
     assert report is not None and "model" in report.dropped
+
+
+def test_a_rebound_object_array_lets_its_models_go(kip: InteractiveShell) -> None:
+    run(kip, "import numpy as np")
+    cell = "%%fresh_model -q\nmodels = np.array([build(), build()], dtype=object)"
+    run(kip, cell)
+    old = kip.user_ns["models"]
+    run(kip, cell)
+    assert list(old) == [None, None], "stale models stayed in a rebound object array"
+
+
+def test_a_big_kept_object_array_is_walked_for_models_only() -> None:
+    """A kept column of 20k token lists cost 20k visits per cleanup (2M: seconds); in an array
+    that big only the models and callbacks stored in it are looked at."""
+    import numpy as np
+
+    from kerasmagic.cleanup.reach import reachable
+
+    class Model:
+        pass
+
+    column = np.empty(20_001, dtype=object)
+    column[:-1] = [[str(i)] for i in range(20_000)]
+    column[-1] = model = Model()
+    walk = reachable([("column", column)], (Model,))
+    assert id(model) in walk.models and len(walk.objects) < 10
+
+
+def test_holders_of_a_survivor_never_run_user_code() -> None:
+    from kerasmagic.cleanup.holders import referrer_kinds
+
+    class Model:
+        pass
+
+    class Hostile:
+        @property  # type: ignore[misc]
+        def __class__(self) -> type:
+            raise RuntimeError("no")
+
+    model, holder, inside = Model(), Hostile(), Hostile()
+    holder.__dict__["held"] = model  # a materialised attribute dict
+    model.helper = inside  # type: ignore[attr-defined]
+    assert referrer_kinds(model) == ["an attribute of a Hostile object"]
 
 
 def test_unshared_rebound_container_is_still_cleared(kip: InteractiveShell) -> None:

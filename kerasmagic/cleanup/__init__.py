@@ -170,9 +170,16 @@ def _survivors(
     paths = holder_paths(ns, [model for _, model in alive])
     out = []
     for path, model in alive:
-        holders = paths.get(id(model)) or referrer_kinds(model, (alive, *alive))
+        holders = paths.get(id(model)) or _referrers(model, alive)
         out.append(f"{path} (held by {', '.join(holders)})")
     return tuple(out)
+
+
+def _referrers(model: Any, alive: list[tuple[str, Any]]) -> list[str]:
+    try:
+        return referrer_kinds(model, (alive, *alive))
+    except Exception:  # an odd object among the referrers: the report still comes
+        return ["something kerasmagic could not look into"]
 
 
 @contextmanager

@@ -9,13 +9,15 @@ handlers and loop/``try`` ``else`` clauses are conditional: their writes never c
 neither does anything nested in them. A ``for`` loop's own target is not counted. A read is any
 use of the name anywhere earlier in program order: in a condition, a loop header, a ``def``,
 ``lambda``, comprehension or class body, or earlier in the same loop body. A function from an
-earlier cell that the cell calls (or uses) before the assignment reads what its code reads:
+earlier cell that the cell calls (or uses) before the assignment reads what its code reads
+(and a ``%magic`` or ``!command`` line reads every name it mentions):
 ``globalreads`` resolves that against the namespace when the cell runs.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -25,7 +27,28 @@ TRIES = (ast.Try, ast.TryStar)
 
 
 def _loads(node: ast.AST) -> Iterator[str]:
-    return (n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            yield n.id
+        elif _is_magic_call(n):  # %time evaluate(), !echo {model}: the line is code too
+            for arg in n.args:  # type: ignore[attr-defined]
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    yield from _IDENTIFIER.findall(arg.value)
+
+
+_IDENTIFIER = re.compile(r"[^\W\d]\w*")
+
+
+def _is_magic_call(node: ast.AST) -> bool:
+    """Return whether ``node`` is ``get_ipython().<method>(...)``, what IPython makes of a
+    ``%magic``, ``%%magic`` or ``!command`` line."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Call)
+        and isinstance(node.func.value.func, ast.Name)
+        and node.func.value.func.id == "get_ipython"
+    )
 
 
 def _target_names(target: ast.expr) -> Iterator[str]:

@@ -1,11 +1,12 @@
 """The cuts a cleanup plan makes: each returns a callable that does one cut when called.
 
 Planning (``stale.py``) only looks; these closures do the cutting, and only to model state: a
-name is unbound, a model inside a rebound container becomes ``None`` (lists and dicts in place,
-tuples and frozensets rebuilt), and so does a model in an attribute of an object of the user's
-own classes bound to a rebound name (``trainer = Trainer()`` re-run: the old trainer's model);
-an output-cache entry is forgotten, a stored traceback's frames drop their locals, a callback
-loses its ``.model`` link. Containers and objects a kept name also reaches are never touched.
+name is unbound, a model inside a rebound container becomes ``None`` (lists, dicts and NumPy
+object arrays in place, tuples and frozensets rebuilt), and so does a model in an attribute
+of an object of the user's own classes bound to a rebound name (``trainer = Trainer()``
+re-run: the old trainer's model); an output-cache entry is forgotten, a stored traceback's
+frames drop their locals, a callback loses its ``.model`` link. Containers and objects a kept
+name also reaches are never touched.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from kerasmagic.cleanup.tracebacks import clear_frames
-from kerasmagic.probes.keras_state import is_a, items_of, user_attrs
+from kerasmagic.probes.keras_state import is_a, items_of, object_array, user_attrs
 
 REBOUND_DEPTH = 6  # how far into a rebound name's containers stale models are looked for
 
@@ -63,6 +64,11 @@ def strip(obj: Any, types: tuple[type, ...], kept: frozenset[int], depth: int = 
         items = [strip(item, types, kept, depth + 1) for item in tuple.__iter__(obj)]
         if any(new is not old for new, old in zip(items, obj, strict=True)):
             return type(obj)(*items) if hasattr(type(obj), "_fields") else tuple(items)
+    elif (array := object_array(obj)) is not None and array.flags.writeable:
+        for i, item in enumerate(array.flat):
+            new = strip(item, types, kept, depth + 1)
+            if new is not item:
+                array.flat[i] = new
     elif type(obj) in (set, frozenset):
         stale = [item for item in obj if is_a(item, types) and id(item) not in kept]
         if type(obj) is set:

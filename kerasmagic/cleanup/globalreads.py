@@ -3,34 +3,45 @@
 ``model = keep_training()``, where ``keep_training`` (an earlier cell) fits the global
 ``model``, reads ``model`` before rebinding it: dropping it first would leave the function a
 ``NameError`` and the user without the model. So each name a cell reads before rebinding a
-name is resolved in the namespace, and the globals its code reads count as reads too: a
-function defined in the notebook, a lambda, a bound method, a ``functools.partial``, a
-decorated function (``__wrapped__``, or the functions in the wrapper's closure), a
-``tf.function`` (its Python function), a class of the notebook (its methods) and an object of
-one; through the notebook functions those read, and so on. Only code objects, closures and
-dicts are looked at: no user code runs.
+name is resolved in the namespace and what it holds is walked for the notebook's functions
+(those whose globals are the namespace); the globals their code reads count as reads too, and
+are walked in turn. The walk follows what the garbage collector sees (``gc.get_referents``):
+closures, defaults, ``__wrapped__``, bound methods, partials' functions and arguments, the
+items of containers, the attributes and class of objects of the user's own classes. An object
+of an installed package (a ``tf.function``, a ``LambdaCallback``) is looked into one step, for
+the functions it stores. No user code runs; past ``MAX_VISITS`` objects the names not decided
+yet are kept.
 """
 
 from __future__ import annotations
 
 import dis
 import functools
+import gc
+import sys
 import types as pytypes
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
 from typing import Any
 
 from kerasmagic.cleanup.cellparse import Rebinding
+from kerasmagic.probes.keras_state import model_types, user_class
 
-MAX_CODES = 2_000  # code objects looked at per cell; past this every name counts as read
-MAX_WRAPPING = 8  # decorators, partials and methods followed into one another
-_FUNCTIONS = (pytypes.FunctionType, pytypes.MethodType, functools.partial)
+MAX_VISITS = 50_000  # objects looked at per cell; past this the undecided names are kept
+MAX_ITEMS = 256  # items of one container looked at
+MAX_NESTING = 4  # containers inside containers followed
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"})
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+_CALLABLES = (pytypes.FunctionType, pytypes.MethodType)
+_WALKED = (*_CALLABLES, functools.partial, pytypes.CellType)  # their referents are walked
+_OPAQUE = (pytypes.ModuleType, pytypes.CodeType, pytypes.FrameType, pytypes.TracebackType)
+_SUSPENDED = (pytypes.GeneratorType, pytypes.CoroutineType, pytypes.AsyncGeneratorType)
 _cache: OrderedDict[pytypes.CodeType, frozenset[str]] = OrderedDict()
 MAX_CACHED = 4_096
 
 
-class _TooMuchCode(Exception):
+class _TooMuch(Exception):
     pass
 
 
@@ -46,7 +57,7 @@ def rebound_now(ns: Mapping[str, Any], rebinding: Rebinding) -> frozenset[str]:
             done = upto
             if name not in reads.names:
                 out.add(name)
-    except _TooMuchCode:  # a notebook too large to follow: keep what was not decided yet
+    except _TooMuch:  # too much to follow: keep what was not decided yet
         pass
     return frozenset(out)
 
@@ -57,97 +68,108 @@ class _Reads:
     def __init__(self, ns: Mapping[str, Any]) -> None:
         self.ns = ns
         self.names: set[str] = set()
-        self.followed: set[str] = set()  # namespace names whose values were looked into
-        self.codes = 0
+        self.followed: set[str] = set()  # namespace names whose values were walked
+        self.seen: set[int] = {id(ns)} | _module_dicts()  # functions' globals: not walked
+        self.models = model_types()
+        self.visits = 0
 
     def add(self, used: Iterable[str]) -> None:
         todo = list(used)
         while todo:
             name = todo.pop()
             self.names.add(name)
-            if name in self.followed:
+            if name in self.followed or name not in self.ns:
                 continue
             self.followed.add(name)
-            for code in _codes_of(self.ns.get(name), self.ns):
-                self.codes += 1
-                if self.codes > MAX_CODES:
-                    raise _TooMuchCode
+            for code in self._codes(self.ns[name]):
                 todo.extend(_globals_of(code) - self.names)
 
-
-def _codes_of(obj: Any, ns: Mapping[str, Any], depth: int = 0) -> Iterator[pytypes.CodeType]:
-    """Yield the code objects of the notebook's functions that ``obj`` runs when used."""
-    if depth > MAX_WRAPPING:
-        return
-    kind = type(obj)
-    inner = _wrapped(obj)
-    if kind is pytypes.FunctionType:
-        if obj.__globals__ is ns:
-            yield obj.__code__
-    elif not inner:  # a class of the notebook, or an object of one: its methods
-        klass = obj if issubclass(kind, type) else kind
-        try:
-            mro = type.__getattribute__(klass, "__mro__")
-        except Exception:
-            return
-        for base in mro:
-            if _own_class(base, ns):
-                for method in _methods(base):
-                    yield from _codes_of(method, ns, depth + 1)
-    for item in inner:
-        yield from _codes_of(item, ns, depth + 1)
-
-
-def _wrapped(obj: Any) -> list[Any]:
-    """Return what ``obj`` calls when it wraps a function: a bound method's function, a
-    partial's, a decorator's (``__wrapped__``, or a function in its closure), a
-    ``tf.function``'s Python function."""
-    kind = type(obj)
-    if kind is pytypes.MethodType:
-        return [obj.__func__]
-    if kind is functools.partial:
-        return [obj.func]
-    out = []
-    if kind is pytypes.FunctionType:
-        for cell in obj.__closure__ or ():
-            try:
-                value = cell.cell_contents
-            except ValueError:  # a closure variable not bound yet
+    def _codes(self, root: Any) -> Iterator[pytypes.CodeType]:
+        """Yield the code of the notebook's functions ``root`` holds (see the module doc)."""
+        stack: list[tuple[Any, int]] = [(root, 0)]
+        while stack:
+            obj, nesting = stack.pop()
+            if id(obj) in self.seen:
                 continue
-            if type(value) in _FUNCTIONS:
-                out.append(value)
-    try:
-        attrs = object.__getattribute__(obj, "__dict__")
-    except Exception:
-        attrs = None
-    if type(attrs) is dict:
-        out.extend(attrs[key] for key in ("__wrapped__", "_python_function") if key in attrs)
+            self.seen.add(id(obj))
+            self.visits += 1
+            if self.visits > MAX_VISITS:
+                raise _TooMuch
+            kind = type(obj)
+            if kind is pytypes.FunctionType and obj.__globals__ is self.ns:
+                yield obj.__code__
+            if issubclass(kind, _SUSPENDED):
+                code, frame = _suspended(obj)
+                if frame is not None and frame.f_globals is self.ns:
+                    yield code
+            elif issubclass(kind, _OPAQUE):
+                continue
+            elif self.models and issubclass(kind, self.models):
+                if self._own(kind):  # a model's insides are Keras's; its methods are the user's
+                    stack.append((kind, nesting))
+                continue
+            elif issubclass(kind, _CONTAINERS):
+                if nesting < MAX_NESTING:
+                    items = dict.values(obj) if issubclass(kind, dict) else obj
+                    stack.extend((item, nesting + 1) for item in _tracked(items))
+                continue
+            elif issubclass(kind, type):
+                if not self._own(obj):
+                    continue
+            elif not issubclass(kind, _WALKED) and not self._own(kind):
+                stack.extend((fn, nesting) for fn in _stored_functions(obj))
+                continue
+            stack.extend((ref, nesting) for ref in gc.get_referents(obj) if gc.is_tracked(ref))
+
+    def _own(self, klass: type) -> bool:
+        """Return whether ``klass`` is the user's: from the notebook or the user's modules."""
+        if user_class(klass):
+            return True
+        attrs = _CLASS_DICT.__get__(klass)  # past a metaclass's own __dict__
+        functions = (
+            fn
+            for value in attrs.values()
+            for fn in (gc.get_referents(value) if type(value) in _DESCRIPTORS else (value,))
+        )
+        return any(
+            type(fn) is pytypes.FunctionType and fn.__globals__ is self.ns for fn in functions
+        )
+
+
+_CLASS_DICT = vars(type)["__dict__"]
+_DESCRIPTORS = (staticmethod, classmethod, property)
+
+
+def _tracked(items: Iterable[Any]) -> Iterator[Any]:
+    """The first ``MAX_ITEMS`` tracked items (a function is tracked, a number never)."""
+    return islice(filter(gc.is_tracked, items), MAX_ITEMS)
+
+
+def _stored_functions(obj: Any) -> list[Any]:
+    """The functions an object of an installed package stores in its attributes (a
+    ``tf.function``'s Python function, a ``LambdaCallback``'s lambdas, ``__wrapped__``)."""
+    out: list[Any] = []
+    for ref in gc.get_referents(obj):
+        values = dict.values(ref) if type(ref) is dict else (ref,)
+        out.extend(v for v in values if issubclass(type(v), _CALLABLES))
     return out
 
 
-def _own_class(klass: type, ns: Mapping[str, Any]) -> bool:
-    """Return whether ``klass`` was defined in the notebook (its methods' globals are ``ns``)."""
-    return any(
-        type(value) is pytypes.FunctionType and value.__globals__ is ns for value in _methods(klass)
-    )
+def _suspended(obj: Any) -> tuple[pytypes.CodeType, Any]:
+    if type(obj) is pytypes.GeneratorType:
+        return obj.gi_code, obj.gi_frame
+    if type(obj) is pytypes.CoroutineType:
+        return obj.cr_code, obj.cr_frame
+    return obj.ag_code, obj.ag_frame
 
 
-def _methods(klass: type) -> Iterator[Any]:
-    for value in _class_dict(klass).values():
-        if type(value) in (staticmethod, classmethod):
-            value = value.__func__
-        elif type(value) is property:
-            value = value.fget
-        if type(value) in _FUNCTIONS:
-            yield value
-
-
-def _class_dict(klass: type) -> Mapping[str, Any]:
-    try:
-        attrs = type.__getattribute__(klass, "__dict__")
-    except Exception:
-        return {}
-    return attrs if isinstance(attrs, Mapping) else {}
+def _module_dicts() -> set[int]:
+    get = vars(pytypes.ModuleType)["__dict__"].__get__  # past a subclass's own __dict__
+    return {
+        id(get(module))
+        for module in list(sys.modules.values())
+        if issubclass(type(module), pytypes.ModuleType)
+    }
 
 
 def _globals_of(code: pytypes.CodeType) -> frozenset[str]:

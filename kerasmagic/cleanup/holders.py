@@ -111,20 +111,28 @@ def _own_objects(obj: Any, module_dicts: Mapping[int, str]) -> set[int]:
             key = id(ref)
             if key in seen or key in module_dicts or not gc.is_tracked(ref):
                 continue
-            if not isinstance(ref, _SHARED):
+            if not issubclass(type(ref), _SHARED):
                 seen.add(key)
                 stack.append(ref)
     return seen
 
 
+_MODULE_DICT: Any = vars(pytypes.ModuleType)["__dict__"]  # past a subclass's own __dict__
+
+
 def _module_dicts() -> dict[int, str]:
     out: dict[int, str] = {}
     for name, module in list(sys.modules.items()):
-        try:
-            out[id(object.__getattribute__(module, "__dict__"))] = name
-        except Exception:  # a lazy module proxy whose dict cannot be read
-            continue
+        if issubclass(type(module), pytypes.ModuleType) and type(name) is str:
+            out[id(_MODULE_DICT.__get__(module))] = name
     return out
+
+
+_TYPE_NAME = type.__dict__["__name__"]  # read past a metaclass's own __name__
+
+
+def _type_name(kind: type) -> str:
+    return str(_TYPE_NAME.__get__(kind))
 
 
 _NOT_OWNERS = (dict, list, tuple, set, pytypes.FrameType, pytypes.FunctionType, pytypes.CellType)
@@ -136,14 +144,14 @@ def _dict_owner(attrs: dict[Any, Any], skip: set[int]) -> str:
         owner
         for owner in gc.get_referrers(attrs)
         if id(owner) not in skip
-        and not isinstance(owner, _NOT_OWNERS)
+        and not issubclass(type(owner), _NOT_OWNERS)
         and any(ref is attrs for ref in gc.get_referents(owner))
     ]
     for owner in owners:
-        if isinstance(owner, type):
-            return f"an attribute of class {type.__getattribute__(owner, '__name__')}"
+        if issubclass(type(owner), type):
+            return f"an attribute of class {_type_name(owner)}"
     for owner in owners:
-        return f"an attribute of a {type.__getattribute__(type(owner), '__name__')} object"
+        return f"an attribute of a {_type_name(type(owner))} object"
     return "a dict outside the namespace (a module global or object attribute)"
 
 
@@ -168,11 +176,11 @@ def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> li
         elif issubclass(kind, dict):
             kinds.append(_dict_owner(ref, skip))
         elif issubclass(kind, (list, tuple, set)):
-            kinds.append(f"a {kind.__name__} outside the namespace")
-        elif kind.__name__ == "cell":
+            kinds.append(f"a {_type_name(kind)} outside the namespace")
+        elif kind is pytypes.CellType:
             kinds.append("a function closure")
         else:
-            kinds.append(f"a {kind.__name__}")
+            kinds.append(f"a {_type_name(kind)}")
         if len(kinds) >= limit:
             break
     return kinds or ["nothing gc can see (C++, a NumPy array of objects, a pending collection)"]

@@ -21,6 +21,7 @@ from typing import Any
 
 from kerasmagic.probes.keras_state import object_array_items
 
+SMALL_ARRAY = 10_000  # object arrays up to this size are walked item by item
 MAX_VISITS = 2_000_000  # objects looked at; past this the walk is incomplete (see `complete`)
 
 OPAQUE: tuple[type, ...] = (
@@ -91,7 +92,7 @@ def reachable(
                 if arrays and not arrays.isdisjoint(map(type, refs)):
                     stack.extend(_array_items(refs, arrays))
             elif arrays and kind in arrays:
-                stack.extend(filter(tracked, object_array_items(obj, max_visits) or ()))
+                stack.extend(_array_holdings(obj, models + callbacks, max_visits))
     return Reach(frozenset(found), frozenset(seen), True, tuple(met))
 
 
@@ -99,6 +100,16 @@ def _array_types() -> frozenset[type]:
     """Return NumPy's array class if NumPy is imported (arrays of objects can hold models)."""
     ndarray = getattr(sys.modules.get("numpy"), "ndarray", None)
     return frozenset({ndarray}) if isinstance(ndarray, type) else frozenset()
+
+
+def _array_holdings(array: Any, wanted: tuple[type, ...], limit: int) -> list[Any]:
+    """The items of an object array to walk: all that can hold something of a small one; of a
+    big one (a column of 2M token lists), only the models and callbacks stored in it."""
+    items = object_array_items(array, limit) or []
+    if len(items) <= SMALL_ARRAY:
+        return list(filter(gc.is_tracked, items))
+    kinds = [kind for kind in set(map(type, items)) if wanted and issubclass(kind, wanted)]
+    return [item for item in items if type(item) in kinds] if kinds else []
 
 
 def _array_items(refs: list[Any], arrays: frozenset[type]) -> list[Any]:

@@ -119,33 +119,38 @@ def items_of(obj: Any, limit: int = MAX_ITEMS) -> list[tuple[str, Any]] | None:
     if issubclass(kind, (set, frozenset)):
         it = set.__iter__(obj) if issubclass(kind, set) else frozenset.__iter__(obj)
         return [(f"{{{i}}}", v) for i, v in enumerate(islice(it, limit))]
-    items = object_array_items(obj, limit)
-    if items is not None:
-        one_d = len(items) == 0 or getattr(obj, "ndim", 1) == 1
+    array = object_array(obj)
+    if array is not None:
+        items = list(islice(array.flat, limit))
+        one_d = array.ndim == 1
         return [(f"[{i}]" if one_d else f".flat[{i}]", v) for i, v in enumerate(items)]
     return None
 
 
-def object_array_items(obj: Any, limit: int) -> list[Any] | None:
-    """Return the first ``limit`` items of a NumPy array of Python objects (what a pandas
-    column of models is made of), or None for anything else; no subclass code runs."""
+def object_array(obj: Any) -> Any:
+    """Return a plain ``ndarray`` view of a NumPy array of Python objects (what a pandas column
+    of models is made of), or None for anything else; no subclass code runs."""
     numpy: Any = sys.modules.get("numpy")
     ndarray: Any = getattr(numpy, "ndarray", None)
     if not isinstance(ndarray, type) or not issubclass(type(obj), ndarray):
         return None
     try:
         plain = numpy.ndarray.view(obj, ndarray)  # the base class's view: no __array_finalize__
-        if plain.dtype.kind != "O":
-            return None
-        return list(islice(plain.flat, limit))
+        return plain if plain.dtype.kind == "O" else None
     except Exception:
         return None
+
+
+def object_array_items(obj: Any, limit: int) -> list[Any] | None:
+    """Return the first ``limit`` items of ``object_array(obj)``, or None if it is none."""
+    array = object_array(obj)
+    return None if array is None else list(islice(array.flat, limit))
 
 
 _INSTALLED = ("site-packages", "dist-packages")
 
 
-def _user_class(kind: type) -> bool:
+def user_class(kind: type) -> bool:
     """Return whether ``kind`` is the user's: defined in a notebook cell or a module of the
     user's (not an installed package, not the standard library), or a ``SimpleNamespace``."""
     if kind is pytypes.SimpleNamespace:
@@ -168,7 +173,7 @@ def _user_class(kind: type) -> bool:
 def user_attrs(obj: Any) -> dict[str, Any] | None:
     """Return the ``__dict__`` of an instance of a user class (no user code runs), else None."""
     kind = type(obj)
-    if issubclass(kind, type) or not _user_class(kind):
+    if issubclass(kind, type) or not user_class(kind):
         return None
     try:
         attrs = object.__getattribute__(obj, "__dict__")
