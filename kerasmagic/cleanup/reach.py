@@ -68,31 +68,35 @@ def reachable(
     tracked, referents = gc.is_tracked, gc.get_referents  # the loop runs per object
     arrays = _array_types()
     for label, root in roots:
-        stack = [root]
-        while stack:
-            obj = stack.pop()
-            key = id(obj)
-            if key in seen:
-                continue
-            seen.add(key)
-            visits += 1
-            if visits > max_visits:
-                return Reach(frozenset(found), frozenset(seen), False, tuple(met))
-            kind = type(obj)
-            if models and issubclass(kind, models):
-                found.add(key)
-            elif callbacks and issubclass(kind, callbacks):
-                met.append((label, obj))
-            elif tracked(obj) and not issubclass(kind, OPAQUE):
-                # Untracked objects (numbers, strings, tuples and dicts of them) hold no model,
-                # callback or container of one: filtered in C, a list of 1M floats costs one visit.
-                # NumPy arrays are untracked too, and one of dtype object may hold models.
-                refs = referents(obj)
-                stack.extend(filter(tracked, refs))
-                if arrays and not arrays.isdisjoint(map(type, refs)):
-                    stack.extend(_array_items(refs, arrays))
-            elif arrays and kind in arrays:
-                stack.extend(_array_holdings(obj, models + callbacks, max_visits))
+        level = [root]  # breadth first: one C call gathers the referents of a whole level
+        while level:
+            expand: list[Any] = []
+            deeper: list[Any] = []
+            for obj in level:
+                key = id(obj)
+                if key in seen:
+                    continue
+                seen.add(key)
+                visits += 1
+                if visits > max_visits:
+                    return Reach(frozenset(found), frozenset(seen), False, tuple(met))
+                kind = type(obj)
+                if models and issubclass(kind, models):
+                    found.add(key)
+                elif callbacks and issubclass(kind, callbacks):
+                    met.append((label, obj))
+                elif tracked(obj) and not issubclass(kind, OPAQUE):
+                    expand.append(obj)
+                elif arrays and kind in arrays:
+                    deeper.extend(_array_holdings(obj, models + callbacks, max_visits))
+            refs = referents(*expand)
+            # Untracked objects (numbers, strings, tuples and dicts of them) hold no model,
+            # callback or container of one: filtered in C, a list of 1M floats costs one visit.
+            # NumPy arrays are untracked too, and one of dtype object may hold models.
+            deeper.extend(filter(tracked, refs))
+            if arrays and not arrays.isdisjoint(map(type, refs)):
+                deeper.extend(ref for ref in refs if type(ref) in arrays)
+            level = deeper
     return Reach(frozenset(found), frozenset(seen), True, tuple(met))
 
 
@@ -110,7 +114,3 @@ def _array_holdings(array: Any, wanted: tuple[type, ...], limit: int) -> list[An
         return list(filter(gc.is_tracked, items))
     kinds = [kind for kind in set(map(type, items)) if wanted and issubclass(kind, wanted)]
     return [item for item in items if type(item) in kinds] if kinds else []
-
-
-def _array_items(refs: list[Any], arrays: frozenset[type]) -> list[Any]:
-    return [ref for ref in refs if type(ref) in arrays]
