@@ -98,6 +98,22 @@ def test_what_earlier_cells_functions_read_counts_as_read(cell: str, names: set[
     assert rebound_now(ns, rebinding_in(ast.parse(cell))) == names
 
 
+def test_a_failing_read_walk_keeps_the_names_it_had_not_decided(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever goes wrong in the walk, the cell still runs and nothing undecided is dropped."""
+    import kerasmagic.cleanup.globalreads as globalreads
+
+    def broken(code: object) -> frozenset[str]:
+        raise RuntimeError("an object no walk foresaw")
+
+    monkeypatch.setattr(globalreads, "_globals_of", broken)
+    ns: dict[str, object] = {}
+    exec(NOTEBOOK, ns)
+    cell = "model = 1\nbest = current()\nhistory = 2"
+    assert rebound_now(ns, rebinding_in(ast.parse(cell))) == {"model"}
+
+
 def test_snapshot_round_trips_through_json() -> None:
     snap = take_snapshot({})
     again = MemorySnapshot.from_dict(json.loads(snap.to_json()))

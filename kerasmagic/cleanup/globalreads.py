@@ -18,7 +18,7 @@ from __future__ import annotations
 import dis
 import functools
 import gc
-import sys
+import logging
 import types as pytypes
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
@@ -26,7 +26,7 @@ from itertools import islice
 from typing import Any
 
 from kerasmagic.cleanup.cellparse import Rebinding
-from kerasmagic.probes.keras_state import model_types, user_class
+from kerasmagic.probes.keras_state import model_types, module_dicts, user_class
 
 MAX_VISITS = 50_000  # objects looked at per cell; past this the undecided names are kept
 MAX_ITEMS = 256  # items of one container looked at
@@ -37,6 +37,7 @@ _CALLABLES = (pytypes.FunctionType, pytypes.MethodType)
 _WALKED = (*_CALLABLES, functools.partial, pytypes.CellType)  # their referents are walked
 _OPAQUE = (pytypes.ModuleType, pytypes.CodeType, pytypes.FrameType, pytypes.TracebackType)
 _SUSPENDED = (pytypes.GeneratorType, pytypes.CoroutineType, pytypes.AsyncGeneratorType)
+log = logging.getLogger(__name__)
 _cache: OrderedDict[pytypes.CodeType, frozenset[str]] = OrderedDict()
 MAX_CACHED = 4_096
 
@@ -59,6 +60,8 @@ def rebound_now(ns: Mapping[str, Any], rebinding: Rebinding) -> frozenset[str]:
                 out.add(name)
     except _TooMuch:  # too much to follow: keep what was not decided yet
         pass
+    except Exception:  # an object no walk foresaw: keep what was not decided yet, run the cell
+        log.debug("kerasmagic: reads through earlier cells' code not followed", exc_info=True)
     return frozenset(out)
 
 
@@ -69,9 +72,10 @@ class _Reads:
         self.ns = ns
         self.names: set[str] = set()
         self.followed: set[str] = set()  # namespace names whose values were walked
-        self.seen: set[int] = {id(ns)} | _module_dicts()  # functions' globals: not walked
+        self.seen: set[int] = {id(ns), *module_dicts()}  # functions' globals: not walked
         self.models = model_types()
         self.visits = 0
+        self.owned: dict[type, bool] = {}
 
     def add(self, used: Iterable[str]) -> None:
         todo = list(used)
@@ -123,6 +127,12 @@ class _Reads:
 
     def _own(self, klass: type) -> bool:
         """Return whether ``klass`` is the user's: from the notebook or the user's modules."""
+        owned = self.owned.get(klass)
+        if owned is None:
+            owned = self.owned[klass] = self._defined_here(klass)
+        return owned
+
+    def _defined_here(self, klass: type) -> bool:
         if user_class(klass):
             return True
         attrs = _CLASS_DICT.__get__(klass)  # past a metaclass's own __dict__
@@ -161,15 +171,6 @@ def _suspended(obj: Any) -> tuple[pytypes.CodeType, Any]:
     if type(obj) is pytypes.CoroutineType:
         return obj.cr_code, obj.cr_frame
     return obj.ag_code, obj.ag_frame
-
-
-def _module_dicts() -> set[int]:
-    get = vars(pytypes.ModuleType)["__dict__"].__get__  # past a subclass's own __dict__
-    return {
-        id(get(module))
-        for module in list(sys.modules.values())
-        if issubclass(type(module), pytypes.ModuleType)
-    }
 
 
 def _globals_of(code: pytypes.CodeType) -> frozenset[str]:

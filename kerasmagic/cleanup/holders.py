@@ -21,6 +21,7 @@ from kerasmagic.probes.keras_state import (
     is_a,
     is_user_name,
     model_types,
+    module_dicts,
     scan_order,
     walk,
 )
@@ -101,7 +102,7 @@ _SHARED = (type, pytypes.ModuleType, pytypes.FrameType, pytypes.CodeType)
 OWN_LIMIT = 200_000  # objects of a model's own graph looked at (a Keras model: ~5,000)
 
 
-def _own_objects(obj: Any, module_dicts: Mapping[int, str]) -> set[int]:
+def _own_objects(obj: Any, modules: Mapping[int, str]) -> set[int]:
     """Ids of what ``obj`` itself reaches (its layers, variables, traced functions and their
     closures), not going into modules, classes, code or frames, which everything shares."""
     seen = {id(obj)}
@@ -109,23 +110,12 @@ def _own_objects(obj: Any, module_dicts: Mapping[int, str]) -> set[int]:
     while stack and len(seen) < OWN_LIMIT:
         for ref in gc.get_referents(stack.pop()):
             key = id(ref)
-            if key in seen or key in module_dicts or not gc.is_tracked(ref):
+            if key in seen or key in modules or not gc.is_tracked(ref):
                 continue
             if not issubclass(type(ref), _SHARED):
                 seen.add(key)
                 stack.append(ref)
     return seen
-
-
-_MODULE_DICT: Any = vars(pytypes.ModuleType)["__dict__"]  # past a subclass's own __dict__
-
-
-def _module_dicts() -> dict[int, str]:
-    out: dict[int, str] = {}
-    for name, module in list(sys.modules.items()):
-        if issubclass(type(module), pytypes.ModuleType) and type(name) is str:
-            out[id(_MODULE_DICT.__get__(module))] = name
-    return out
 
 
 _TYPE_NAME = type.__dict__["__name__"]  # read past a metaclass's own __name__
@@ -162,17 +152,17 @@ def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> li
     closures, its ``History``) are not holders: only what holds it from outside is named.
     """
     kinds = []
-    module_dicts = _module_dicts()
+    modules = module_dicts()
     skip = {id(x) for x in ignore} | {id(sys._getframe()), id(sys._getframe(1))}
-    skip |= _own_objects(obj, module_dicts)
+    skip |= _own_objects(obj, modules)
     for ref in gc.get_referrers(obj):
         kind = type(ref)
         if id(ref) in skip or (kind is pytypes.MethodType and ref.__self__ is obj):
             continue  # the object's own bound methods (Keras keeps some): not holders
         if kind is pytypes.FrameType:
             kinds.append(f"a running frame ({ref.f_code.co_name})")
-        elif id(ref) in module_dicts:
-            kinds.append(f"a global of module {module_dicts[id(ref)]}")
+        elif id(ref) in modules:
+            kinds.append(f"a global of module {modules[id(ref)]}")
         elif issubclass(kind, dict):
             kinds.append(_dict_owner(ref, skip))
         elif issubclass(kind, (list, tuple, set)):

@@ -147,6 +147,19 @@ def object_array_items(obj: Any, limit: int) -> list[Any] | None:
     return None if array is None else list(islice(array.flat, limit))
 
 
+_MODULE_DICT: Any = vars(pytypes.ModuleType)["__dict__"]  # past a subclass's own __dict__
+
+
+def module_dicts() -> dict[int, str]:
+    """Return ``{id(module.__dict__): name}`` for the imported modules (lazy ones included,
+    without running their code)."""
+    out: dict[int, str] = {}
+    for name, module in list(sys.modules.items()):
+        if issubclass(type(module), pytypes.ModuleType) and type(name) is str:
+            out[id(_MODULE_DICT.__get__(module))] = name
+    return out
+
+
 _INSTALLED = ("site-packages", "dist-packages")
 
 
