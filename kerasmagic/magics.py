@@ -123,8 +123,8 @@ class KerasMagics(Magics):
             print(
                 f"kerasmagic: peak reset on {', '.join(done)}"
                 if done
-                else "kerasmagic: no GPU allocator to reset (no GPU, or the backend has not "
-                "started it)"
+                else "kerasmagic: no allocator peak to reset (no device keeps statistics, or "
+                "the backend has not started its devices)"
             )
         snap = take_snapshot(self.ip.user_ns)
         models = live_models(self.ip.user_ns) if args.deep else None

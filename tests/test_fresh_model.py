@@ -322,3 +322,41 @@ def test_a_cell_that_does_not_compile_drops_nothing(kip: InteractiveShell) -> No
     with pytest.raises(SyntaxError):
         fresh(kip, "model = build()\nreturn 5")
     assert kip.user_ns["model"] is old()
+
+
+BIG = """
+def big():
+    m = keras.Sequential([keras.Input((20,)), keras.layers.Dense(256), keras.layers.Dense(512),
+                          keras.layers.Dense(2)])  # 512 KB of weights: BFC, not the small pool
+    m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return m
+starts = []
+"""
+CELL = """{magic}
+starts.append(tf.config.experimental.get_memory_info("CPU:0")["current"])
+{cleanup}model = big()
+history = model.fit(x, y, verbose=0)
+model
+"""
+
+
+def test_rerun_starts_with_the_same_allocator_bytes(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TF's CPU allocator is exact: re-run 5 of a model cell starts with re-run 2's bytes."""
+    run(kip, BIG)
+    for _ in range(5):
+        run(kip, CELL.format(magic="%%fresh_model", cleanup=""))
+    starts = kip.user_ns["starts"]
+    assert starts[4] == starts[1], starts
+    assert "MB of TensorFlow tensors" in capsys.readouterr().out
+
+
+def test_hand_cleanup_keeps_allocator_bytes(kip: InteractiveShell) -> None:
+    """The contrast the figure above is for: del + clear_session keeps every model's tensors."""
+    run(kip, BIG + "model = history = None\n")
+    hand = "del model, history\nkeras.backend.clear_session()\nimport gc; gc.collect()\n"
+    for _ in range(4):
+        run(kip, CELL.format(magic="", cleanup=hand))
+    starts = kip.user_ns["starts"]
+    assert starts[1] < starts[2] < starts[3], starts

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 from conftest import HAS_GPU, run
@@ -20,8 +23,47 @@ def test_table_without_gpu(kip: InteractiveShell, capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert f"kernel pid {os.getpid()}" in out
     assert "GPU" in out and ("no NVIDIA driver" in out or "no GPU" in out)
-    assert "no GPU allocator (CPU only)" in out
+    assert "CPU:0 (CPU) tensors in use" in out
     assert "1 live model in the namespace" in out
+
+
+def test_cpu_allocator_is_read_to_the_byte(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CPU device's BFC allocator (oneDNN's default) is read exactly, and its peak reset."""
+    import tensorflow as tf
+
+    run(kip, "model = build()\nmodel.fit(x, y, verbose=0);")
+    capsys.readouterr()
+    kip.run_line_magic("gpu_mem", "--json")
+    (cpu,) = json.loads(capsys.readouterr().out)["tf"]["devices"]
+    assert cpu["device"] == "CPU:0" and cpu["kind"] == "cpu"
+    assert cpu["current_bytes"] == tf.config.experimental.get_memory_info("CPU:0")["current"]
+    before = cpu["current_bytes"]
+    run(kip, "big = tf.zeros((1000, 1000))")  # 4,000,000 bytes, rounded up by BFC's bins
+    kip.run_line_magic("gpu_mem", "--json --reset-peak")
+    out = capsys.readouterr().out
+    assert "peak reset on CPU:0" in out
+    (cpu,) = json.loads(out[out.index("{") :])["tf"]["devices"]
+    assert 4_000_000 <= cpu["current_bytes"] - before < 4_000_000 + 2**20
+    assert cpu["peak_bytes"] == cpu["current_bytes"]  # just reset
+
+
+def test_cpu_without_allocator_statistics_says_so(tmp_path: pathlib.Path) -> None:
+    """With oneDNN off TensorFlow keeps no CPU statistics: one line says why, nothing breaks."""
+    code = (
+        "import tensorflow as tf\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance(); ip.run_line_magic('load_ext', 'kerasmagic')\n"
+        "tf.zeros((10, 10)); ip.run_line_magic('gpu_mem', '--reset-peak')\n"
+    )
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "no allocator statistics on this TensorFlow's devices" in out.stdout
+    assert "no allocator peak to reset" in out.stdout
 
 
 def test_json_is_the_snapshot(kip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
@@ -31,7 +73,8 @@ def test_json_is_the_snapshot(kip: InteractiveShell, capsys: pytest.CaptureFixtu
     data = json.loads(capsys.readouterr().out)
     assert data["version"] == 1 and data["pid"] == os.getpid()
     assert data["ram"]["rss_bytes"] > 100 * 2**20
-    assert data["tf"] == {"imported": True, "initialized": True, "devices": []}
+    assert data["tf"]["imported"] and data["tf"]["initialized"]
+    assert [(d["device"], d["kind"]) for d in data["tf"]["devices"]] == [("CPU:0", "cpu")]
     assert data["graph"]["custom_gradients"] >= 2 and data["graph"]["functions"] > 0
     assert data["keras"]["live_models"] == 1 and data["keras"]["name_counter"] >= 3
 
@@ -126,7 +169,7 @@ def test_reset_peak_and_gpu_options_without_gpu(
     capsys.readouterr()
     kip.run_line_magic("gpu_mem", "--reset-peak --growth")
     out = capsys.readouterr().out
-    assert "no GPU allocator to reset" in out
+    assert "peak reset on CPU:0" in out
     assert "no GPU visible to TensorFlow: nothing to configure" in out
 
 

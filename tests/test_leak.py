@@ -183,3 +183,33 @@ def test_growing_backend_allocator_is_a_leak() -> None:
     verdict = LeakDetector().judge(records)
     assert verdict.growing and verdict.what == "backend"
     assert "device memory by 10.0 MB per run" in verdict.message
+
+
+def test_exact_allocator_growth_is_a_leak_with_no_noise_floor() -> None:
+    """TF's allocator is exact: 4 KB kept by each run is named; one flat run is not a leak."""
+
+    def runs(steps: Sequence[int]) -> list[CellRecord]:
+        records = []
+        for i, step in enumerate(steps):
+            start, end = snap(500 * MB), snap(500 * MB)
+            delta = dataclasses.replace(diff(start, end), tf_current_bytes=step)
+            records.append(CellRecord(i, 0.0, 0.1, start, end, delta, 0, None, "k"))
+        return records
+
+    verdict = LeakDetector().judge(runs([4096, 4096, 4096]))
+    assert verdict.growing and verdict.what == "tf_tensors"
+    assert "TensorFlow's tensors by 4.0 KB per run" in verdict.message
+    assert not LeakDetector().judge(runs([4096, 0, 4096])).growing
+
+
+@pytest.mark.slow
+def test_a_cell_that_keeps_tensors_is_named_at_once(kip: InteractiveShell) -> None:
+    """0.34 MB of tensors kept per run is below RSS's noise floor, and exact in the allocator."""
+    run(kip, "kept = []")
+    monitor = get_monitor(kip)
+    assert monitor is not None
+    for _ in range(3):
+        run(kip, "kept.append(tf.zeros((300, 300)))")
+    verdict = monitor.verdict()
+    assert verdict.growing and verdict.what == "tf_tensors", verdict.message
+    assert all(r.delta.tf_current_bytes == 360_192 for r in monitor.history()[-3:])

@@ -30,8 +30,8 @@ class CleanupReport:
         if self.dry_run:
             return f"dry run: would drop {_names(self.dropped)}; would keep {_names(self.kept)}"
         parts = [f"freed {self.freed_bytes / MB:.1f} MB in {self.elapsed_s:.2f} s"]
-        if self.tf_freed_bytes is not None:
-            parts.append(f"TF GPU {self.tf_freed_bytes / MB:.1f} MB")
+        if self.tf_freed_bytes:  # None: no allocator statistics; 0: nothing to say
+            parts[0] += f" (RSS) and {self.tf_freed_bytes / MB:.1f} MB of TensorFlow tensors"
         parts.append(f"dropped {_names(self.dropped)}")
         if self.purge is not None and self.purge.dropped:
             parts.append(f"purged {self.purge.dropped} custom gradients")

@@ -2,7 +2,8 @@
 
 Pure logic: no IPython, no TensorFlow. A cell counts as leaking when each of its last
 ``min_runs`` runs (same source hash) grew the same figure, by enough in total, and no single run
-carries most of that growth (one big allocation is not a leak).
+carries most of that growth (one big allocation is not a leak). TensorFlow's allocator is exact,
+so there any growth in each of those runs counts.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ STABLE = LeakVerdict(False, "", "stable")
 # (what, how to read it from a record, unit, whether it is in bytes)
 Getter = Callable[["CellRecord"], "int | None"]
 SIGNALS: tuple[tuple[str, Getter, str], ...] = (
+    ("tf_tensors", lambda r: r.delta.tf_current_bytes, "TensorFlow's tensors"),
     ("rss", lambda r: r.delta.rss_bytes, "RSS"),
     ("gpu", lambda r: r.delta.gpu_used_bytes, "GPU memory"),
     ("backend", lambda r: r.delta.backend_bytes, "the Keras backend's device memory"),
@@ -49,11 +51,13 @@ SIGNALS: tuple[tuple[str, Getter, str], ...] = (
     ("live_models", lambda r: r.delta.live_models, "live Keras models"),
     ("name_counter", lambda r: r.delta.name_counter, "Keras layer-name counter"),
 )
-BYTE_SIGNALS = frozenset({"rss", "gpu", "backend"})
+BYTE_SIGNALS = frozenset({"tf_tensors", "rss", "gpu", "backend"})
+# Read from an allocator exact to the byte: any growth in every run counts, with no noise floor.
+EXACT_SIGNALS = frozenset({"tf_tensors"})
 
 
 def _mb(n: float) -> str:
-    return f"{n / 2**20:.1f} MB"
+    return f"{n / 2**20:.1f} MB" if abs(n) >= 2**20 / 10 else f"{n / 1024:.1f} KB"
 
 
 class LeakDetector(Configurable):
@@ -112,7 +116,10 @@ class LeakDetector(Configurable):
             if any(v is None for v in values):
                 continue
             steps = [int(v) for v in values if v is not None]
-            if self._grows(steps, what in BYTE_SIGNALS):
+            if what in EXACT_SIGNALS:
+                if all(step > 0 for step in steps):
+                    growing[what] = steps
+            elif self._grows(steps, what in BYTE_SIGNALS):
                 growing[what] = steps
         if not growing:
             return STABLE

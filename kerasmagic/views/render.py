@@ -58,14 +58,21 @@ def _tf_row(snap: MemorySnapshot) -> Row:
     if not tf.initialized:
         return ("TF allocator", "runtime not started yet (no GPU memory taken)")
     if not tf.devices:
-        return ("TF allocator", "no GPU allocator (CPU only)")
+        return ("TF allocator", NO_STATS)
     return (
         "TF allocator",
         "; ".join(
-            f"{d.device} in use {fmt_bytes(d.current_bytes)}, peak {fmt_bytes(d.peak_bytes)}"
+            f"{d.device} ({d.kind.upper()}) tensors in use {fmt_bytes(d.current_bytes)}, "
+            f"peak {fmt_bytes(d.peak_bytes)}"
             for d in tf.devices
         ),
     )
+
+
+NO_STATS = (
+    "no allocator statistics on this TensorFlow's devices (CPU without oneDNN, e.g. "
+    "TF_ENABLE_ONEDNN_OPTS=0; TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts brings them)"
+)
 
 
 def _device_text(d: BackendDevice) -> str:
@@ -76,7 +83,11 @@ def _device_text(d: BackendDevice) -> str:
         ("limit", d.limit_bytes),
     ]
     shown = [f"{what} {fmt_bytes(n)}" for what, n in figures if n is not None]
-    return ", ".join(shown) or "no allocator figures on this device"
+    if shown:
+        return ", ".join(shown)
+    if d.name.lower().startswith("cpu"):
+        return "keeps no allocator statistics on the CPU (RSS is the figure here)"
+    return "no allocator figures on this device"
 
 
 def _cache_text(b: BackendInfo) -> str | None:

@@ -27,10 +27,10 @@ WARN_COLOUR = "var(--jp-error-color1, #b71c1c)"
 
 
 def _tf_totals(snap: MemorySnapshot) -> tuple[int | None, int | None]:
-    """Return TF's allocator bytes in use and the VRAM it holds (reserved), when known."""
+    """Return TF's tensors in use (every device with statistics) and the VRAM it holds."""
     if not snap.tf.devices:
         return None, None
-    return sum(d.current_bytes for d in snap.tf.devices), snap.gpu_used_bytes
+    return snap.tf.current_bytes, snap.gpu_used_bytes if snap.tf.gpu_devices else None
 
 
 def _backend_figures(snap: MemorySnapshot) -> tuple[str, str]:

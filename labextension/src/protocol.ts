@@ -36,6 +36,8 @@ export interface ITfDeviceMemory {
   device: string;
   current_bytes: number;
   peak_bytes: number;
+  /** "cpu" or "gpu"; absent from kernels before kerasmagic 0.1.0's CPU allocator reading. */
+  kind?: 'cpu' | 'gpu';
 }
 
 export interface ITfInfo {

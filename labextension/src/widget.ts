@@ -79,13 +79,29 @@ function tfLines(s: ISnapshot): HTMLElement {
   } else if (!tf.initialized) {
     text = 'TensorFlow runtime not started (no GPU memory taken)';
   } else if (tf.devices.length === 0) {
-    text = 'TensorFlow on CPU only (no GPU allocator)';
+    text = 'no allocator statistics on these devices';
   } else {
     text = tf.devices
-      .map(d => `${d.device}: in use ${formatBytes(d.current_bytes)}, peak ${formatBytes(d.peak_bytes)}`)
+      .map(
+        d =>
+          `${d.device}: ${formatBytes(d.current_bytes)} in use, peak ${formatBytes(d.peak_bytes)}`
+      )
       .join('; ');
   }
-  return h('div', { class: 'jp-kerasmagic-line', 'data-km': 'tf' }, h('b', {}, 'TF allocator '), text);
+  const line = h(
+    'div',
+    { class: 'jp-kerasmagic-line', 'data-km': 'tf', 'data-bytes': String(sumTf(s) ?? '') },
+    h('b', {}, 'TensorFlow tensors '),
+    text
+  );
+  line.title = "TensorFlow's allocator: the bytes of tensors it holds, exact (what runs out)";
+  return line;
+}
+
+/** Bytes of TensorFlow tensors over every device that keeps statistics, or null. */
+function sumTf(s: ISnapshot): number | null {
+  const devices = s.tf.devices;
+  return devices.length ? devices.reduce((n, d) => n + d.current_bytes, 0) : null;
 }
 
 /** A count tile, or nothing when the kernel does not know the figure (no "–" placeholders). */

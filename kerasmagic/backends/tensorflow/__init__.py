@@ -1,6 +1,6 @@
-"""TensorFlow, through the existing probes: allocator per GPU, graph and function caches.
+"""TensorFlow: allocator per device (CPU:0 and GPUs), graph and function caches.
 
-The TensorFlow internals live beside this module: ``alloc`` (allocator per GPU), ``graph``
+The TensorFlow internals live beside this module: ``alloc`` (allocator per device), ``graph``
 (default graph, gradient registry, function library), ``config`` (growth / memory cap),
 ``purge`` (custom-gradient registry), ``traces`` (tf.function traces of dropped models),
 ``stack`` + ``tracetree`` (string op stack traces) and ``traced`` (a model's traced graphs).
@@ -26,13 +26,14 @@ def info(tf: TfInfo, graph: GraphInfo) -> BackendInfo:
     module = sys.modules.get("tensorflow")
     version = getattr(module, "__version__", None)
     devices = tuple(BackendDevice(d.device, d.current_bytes, d.peak_bytes) for d in tf.devices)
+    on_gpu = bool(tf.gpu_devices)
     figures = {
         "default_graph_ops": graph.default_graph_ops,
         "custom_gradients": graph.custom_gradients,
         "functions": graph.functions,
     }
     caches = {k: v for k, v in figures.items() if v is not None}
-    platform = None if not tf.initialized else ("gpu" if devices else "cpu")
+    platform = None if not tf.initialized else ("gpu" if on_gpu else "cpu")
     keras = keras_backend() == "tensorflow"
     return BackendInfo("tensorflow", version, keras, platform, devices, caches)
 

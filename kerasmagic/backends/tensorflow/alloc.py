@@ -9,16 +9,22 @@ from typing import Any
 
 @dataclass(frozen=True)
 class TfDeviceMemory:
-    """Bytes TensorFlow's allocator has in use on one device now and at its peak."""
+    """Bytes TensorFlow's allocator has in use on one device now and at its peak.
+
+    ``kind`` is "cpu" or "gpu": with oneDNN (TensorFlow's default on x86-64 Linux) or
+    ``TF_CPU_ALLOCATOR_USE_BFC=true``, CPU tensors live on a BFC allocator that keeps the same
+    exact statistics as a GPU's.
+    """
 
     device: str
     current_bytes: int
     peak_bytes: int
+    kind: str = "gpu"
 
 
 @dataclass(frozen=True)
 class TfInfo:
-    """Whether TensorFlow is imported and its runtime started, and per-GPU allocator use."""
+    """Whether TensorFlow is imported and its runtime started, and allocator use per device."""
 
     imported: bool
     initialized: bool
@@ -26,8 +32,13 @@ class TfInfo:
 
     @property
     def current_bytes(self) -> int | None:
-        """Return the allocator's bytes in use over all GPUs, or None without a GPU allocator."""
+        """Return the bytes of TensorFlow tensors over every device that keeps statistics."""
         return sum(d.current_bytes for d in self.devices) if self.devices else None
+
+    @property
+    def gpu_devices(self) -> tuple[TfDeviceMemory, ...]:
+        """Return the GPU devices only (what VRAM is compared with)."""
+        return tuple(d for d in self.devices if d.kind == "gpu")
 
 
 def tf_context() -> Any | None:
@@ -56,20 +67,30 @@ def gpu_device_names() -> list[str]:
     return [f"GPU:{i}" for i, _ in enumerate(ctx.list_logical_devices("GPU"))]
 
 
+def stat_device_names() -> list[tuple[str, str]]:
+    """Return (name, kind) of every device whose allocator may keep statistics: CPU:0, GPUs."""
+    if not runtime_initialized():
+        return []
+    return [("CPU:0", "cpu")] + [(name, "gpu") for name in gpu_device_names()]
+
+
 def read_tf() -> TfInfo:
-    """Return allocator use per GPU; never imports TensorFlow or starts its runtime."""
+    """Return allocator use per device; never imports TensorFlow or starts its runtime.
+
+    A device without statistics (CPU with ``TF_ENABLE_ONEDNN_OPTS=0``, some builds) is left out.
+    """
     if "tensorflow" not in sys.modules or tf_context() is None:
         return TfInfo(imported=False, initialized=False, devices=())
     if not runtime_initialized():
         return TfInfo(imported=True, initialized=False, devices=())
     tf = sys.modules["tensorflow"]
     devices = []
-    for name in gpu_device_names():
+    for name, kind in stat_device_names():
         try:
             info = tf.config.experimental.get_memory_info(name)
-        except (ValueError, RuntimeError):  # "Allocator stats not available" (CPU, some builds)
+        except (ValueError, RuntimeError):  # "Allocator stats not available" on this device
             continue
-        devices.append(TfDeviceMemory(name, int(info["current"]), int(info["peak"])))
+        devices.append(TfDeviceMemory(name, int(info["current"]), int(info["peak"]), kind))
     return TfInfo(imported=True, initialized=True, devices=tuple(devices))
 
 
@@ -81,12 +102,12 @@ def reset_peaks() -> list[str]:
 
 
 def reset_tf_peaks() -> list[str]:
-    """Reset TensorFlow's peak counter on every GPU; return the devices reset."""
+    """Reset TensorFlow's peak counter on every device that keeps one; return those reset."""
     if not runtime_initialized():
         return []
     tf = sys.modules["tensorflow"]
     done = []
-    for name in gpu_device_names():
+    for name, _ in stat_device_names():
         try:
             tf.config.experimental.reset_memory_stats(name)
         except (ValueError, RuntimeError):
