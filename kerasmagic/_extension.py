@@ -18,6 +18,7 @@ from kerasmagic.cleanup.heap import pin_mmap_threshold
 PARTS: tuple[str, ...] = (
     "kerasmagic.live",
     "kerasmagic.views.comm",
+    "kerasmagic.oom",
     "kerasmagic.cleanup.cellawait",
     "kerasmagic.cleanup.lostinterrupts",
     "kerasmagic.cleanup.kernelguard",  # last: its callbacks run after the other parts'

@@ -1,0 +1,122 @@
+"""Out of memory explained: each backend's real error type recognised, a real OOM in a kernel.
+
+The kernel test puts TensorFlow's CPU device on the BFC allocator every GPU uses, capped at
+160 MB (``TF_CPU_ALLOCATOR_USE_BFC``, ``TF_CPU_BFC_MEM_LIMIT_IN_MB``, read as TF starts), so
+the error, the figures and the recovery are TensorFlow's own. BFC retries ~10 s per OOM.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from conftest import kernel_run, kernel_value, real_kernel
+from IPython.core.interactiveshell import InteractiveShell
+
+from kerasmagic.oom import find_oom
+
+TF_GPU_OOM = (
+    "OOM when allocating tensor with shape[128,4096] and type float on "
+    "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc"
+)
+
+
+def test_tensorflow_oom_says_device_shape_and_bytes() -> None:
+    import tensorflow as tf
+
+    error = tf.errors.ResourceExhaustedError(None, None, TF_GPU_OOM)
+    oom = find_oom(error)
+    assert oom is not None and oom.backend == "tensorflow" and oom.device == "GPU:0"
+    assert oom.shape == (128, 4096) and oom.dtype == "float"
+    assert oom.wanted_bytes == 128 * 4096 * 4
+
+
+def test_an_oom_raised_from_inside_another_error_is_found() -> None:
+    import tensorflow as tf
+
+    try:
+        try:
+            raise tf.errors.ResourceExhaustedError(None, None, TF_GPU_OOM)
+        except tf.errors.ResourceExhaustedError as inner:
+            raise RuntimeError("fit failed") from inner
+    except RuntimeError as outer:
+        oom = find_oom(outer)
+    assert oom is not None and oom.wanted_bytes == 128 * 4096 * 4
+
+
+def test_torch_oom_is_recognised() -> None:
+    import torch
+
+    error = torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB"
+    )
+    oom = find_oom(error)
+    assert oom is not None and oom.backend == "torch" and oom.device == "GPU:0"
+    assert oom.wanted_bytes == 2 * 2**30
+
+
+def test_jax_oom_is_recognised() -> None:
+    from jax.errors import JaxRuntimeError
+
+    error = JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1048576 bytes."
+    )
+    oom = find_oom(error)
+    assert oom is not None and oom.backend == "jax" and oom.wanted_bytes == 1048576
+
+
+def test_other_errors_are_not_oom() -> None:
+    assert find_oom(ValueError("shape mismatch")) is None
+    assert find_oom(MemoryError()) is None  # host RAM: Python's own message says it
+    assert find_oom(None) is None
+
+
+MODEL = """
+import tensorflow as tf, keras
+def build():
+    m = keras.Sequential([keras.Input((1000,)), keras.layers.Dense(4000), keras.layers.Dense(2)])
+    return m  # 16 MB of weights
+"""
+
+
+@pytest.mark.slow
+def test_a_real_oom_is_explained_after_the_traceback_and_recovered(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", "160")
+    with real_kernel(str(tmp_path)) as (_, client):
+        assert kernel_run(client, MODEL)[0]["status"] == "ok"
+        assert kernel_run(client, "a = tf.zeros((10, 1000, 1000))\ndel a")[0]["status"] == "ok"
+        kernel_run(client, "build()")  # held by Out[] only: stale, freeable
+        content, text = kernel_run(client, "big = tf.zeros((35, 1000, 1000))", timeout_s=180)
+        assert content["status"] == "error" and content["ename"] == "ResourceExhaustedError"
+        trace, _, block = text.partition("kerasmagic: out of memory on CPU:0 (TensorFlow)")
+        assert "ResourceExhaustedError" in trace  # the user's traceback comes first, whole
+        assert "wanted     133.5 MB for a float tensor of shape [35, 1000, 1000]" in block
+        assert "limit 160.0 MB" in block
+        assert "Sequential 'sequential'" in block and "(freeable): Out[" in block
+        assert "%%fresh_model on this cell (or kerasmagic.reset()) frees 15.3 MB" in block
+        content, text = kernel_run(client, "%%fresh_model\na = tf.zeros((10, 1000, 1000))")
+        assert content["status"] == "ok", text  # the size that fitted before fits again
+        assert kernel_value(client, "int(a.shape[0])") == 10
+
+
+def test_the_block_follows_an_oom_cell_only_and_goes_with_unload(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ip.run_cell("raise ValueError('not memory')")
+    assert "out of memory" not in capsys.readouterr().out
+    raise_oom = (
+        "import tensorflow as tf\n"
+        f"raise tf.errors.ResourceExhaustedError(None, None, {TF_GPU_OOM!r})"
+    )
+    ip.run_cell(raise_oom)
+    out = capsys.readouterr().out
+    assert "kerasmagic: out of memory on GPU:0 (TensorFlow)" in out
+    assert "wanted     2.0 MB for a float tensor of shape [128, 4096]" in out
+    assert "remedy" in out
+    ip.run_line_magic("unload_ext", "kerasmagic")
+    ip.run_cell(raise_oom)
+    assert "kerasmagic: out of memory" not in capsys.readouterr().out
+    ip.run_line_magic("load_ext", "kerasmagic")  # the fixture unloads it
