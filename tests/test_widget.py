@@ -46,6 +46,21 @@ def test_traits_hold_the_values_shown(ip: InteractiveShell, monitor: LiveMonitor
     widget.close()
 
 
+def test_tensorflow_tensors_are_shown_beside_rss_without_a_gpu(
+    ip: InteractiveShell, monitor: LiveMonitor
+) -> None:
+    import tensorflow as tf
+
+    run(ip, "import tensorflow as tf\nt = tf.zeros((1000, 1000))")
+    widget = LiveWidget(monitor)
+    run(ip, "u = tf.zeros((500, 1000))")
+    exact = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    assert widget.tf_in_use_bytes == exact and exact >= 6_000_000
+    assert f"data-km-live='tf' data-bytes='{exact}'" in widget.children[0].value
+    assert f"TensorFlow tensors in use: {fmt_bytes(exact)}" in widget.children[0].value
+    widget.close()
+
+
 def test_samples_update_the_widget_between_cells(
     ip: InteractiveShell, monitor: LiveMonitor
 ) -> None:

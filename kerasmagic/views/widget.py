@@ -141,7 +141,11 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
         )
         rss = _tagged("rss", ram.rss_bytes, bar_html("RSS", ram.rss_bytes, ram.total_bytes, peaks))
         if self.gpu_used_bytes is None or not self.gpu_total_bytes:
-            return rss + f"<div>VRAM: {html.escape(snap.gpu.message or snap.gpu.status)}</div>"
+            vram = f"<div>VRAM: {html.escape(snap.gpu.message or snap.gpu.status)}</div>"
+            if self.tf_in_use_bytes is None:
+                return rss + vram
+            tensors = f"<div>TensorFlow tensors in use: {fmt_bytes(self.tf_in_use_bytes)}</div>"
+            return rss + vram + _tagged("tf", self.tf_in_use_bytes, tensors)
         tf = (
             f"TF in use {fmt_bytes(self.tf_in_use_bytes)} of {fmt_bytes(self.tf_reserved_bytes)}"
             if self.tf_in_use_bytes is not None
