@@ -40,6 +40,9 @@ export function badgeText(m: ICellMemory): string {
   if (m.gpu_delta_bytes !== null) {
     parts.push(`VRAM ${formatDelta(m.gpu_delta_bytes)}`);
   }
+  if (typeof m.tf_delta_bytes === 'number' && m.tf_delta_bytes !== 0) {
+    parts.push(`TF tensors ${formatDelta(m.tf_delta_bytes)}`);
+  }
   if (m.models_delta) {
     parts.push(`${m.models_delta > 0 ? '+' : '−'}${Math.abs(m.models_delta)} model` +
       (Math.abs(m.models_delta) === 1 ? '' : 's'));
@@ -64,6 +67,7 @@ class Badge extends Widget {
     d.rssDelta = String(memory.rss_delta_bytes ?? '');
     d.peakRss = String(memory.peak_rss_bytes);
     d.gpuDelta = String(memory.gpu_delta_bytes ?? '');
+    d.tfDelta = String(memory.tf_delta_bytes ?? '');
     d.modelsDelta = String(memory.models_delta ?? '');
     d.warning = memory.warning ? 'true' : 'false';
     const text = badgeText(memory);
@@ -79,6 +83,9 @@ class Badge extends Widget {
       `RSS ${formatDelta(memory.rss_delta_bytes)} to ${formatBytes(memory.rss_bytes)}, ` +
       `in-cell peak ${formatBytes(memory.peak_rss_bytes)}` +
       (memory.gpu_bytes !== null ? `; VRAM ${formatDelta(memory.gpu_delta_bytes)} to ${formatBytes(memory.gpu_bytes)}` : '') +
+      (typeof memory.tf_delta_bytes === 'number' && typeof memory.tf_bytes === 'number'
+        ? `; TensorFlow tensors ${formatDelta(memory.tf_delta_bytes)} to ${formatBytes(memory.tf_bytes)}`
+        : '') +
       (memory.models_delta !== null ? `; live Keras models ${memory.models_delta >= 0 ? '+' : ''}${memory.models_delta}` : '') +
       (memory.warning ? `\n⚠ ${memory.warning}` : '');
     this.node.setAttribute('aria-label', this.node.title);

@@ -7,7 +7,7 @@ import { ICodeCellModel } from '@jupyterlab/cells';
 import { NotebookPanel } from '@jupyterlab/notebook';
 import { IDisposable } from '@lumino/disposable';
 
-import { MemoryModel, gpuUsedBytes } from './model';
+import { MemoryModel, gpuUsedBytes, tfBytes } from './model';
 import { ICellMessage } from './protocol';
 
 /** The cell-metadata key of the record. */
@@ -24,6 +24,9 @@ export interface ICellMemory {
   gpu_delta_bytes: number | null;
   peak_gpu_bytes: number | null;
   models_delta: number | null;
+  /** TensorFlow's tensors (its allocator, exact) at the end and over the cell; absent before 0.1.0's CPU reading. */
+  tf_bytes?: number | null;
+  tf_delta_bytes?: number | null;
   warning: string | null;
 }
 
@@ -41,6 +44,8 @@ export function cellMemory(message: ICellMessage): ICellMemory {
     gpu_delta_bytes: gpu === null ? null : c.delta.gpu_used_bytes ?? null,
     peak_gpu_bytes: gpu === null ? null : Math.max(c.peak_gpu_bytes ?? 0, gpu),
     models_delta: c.delta.live_models ?? null,
+    tf_bytes: tfBytes(c.end),
+    tf_delta_bytes: c.delta.tf_current_bytes ?? null,
     warning: message.warning ?? null
   };
 }

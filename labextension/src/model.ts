@@ -66,6 +66,12 @@ const GONE: ReadonlyArray<Kernel.Status> = [
 ];
 
 /** Return this process's VRAM over all GPUs, else the devices' use, else null (as in Python). */
+/** Bytes of TensorFlow tensors over every device that keeps statistics, or null. */
+export function tfBytes(s: ISnapshot): number | null {
+  const devices = s.tf.devices;
+  return devices.length ? devices.reduce((n, d) => n + d.current_bytes, 0) : null;
+}
+
 export function gpuUsedBytes(snapshot: ISnapshot): number | null {
   const devices = snapshot.gpu.devices;
   if (devices.length === 0) {

@@ -8,7 +8,7 @@ import { Widget } from '@lumino/widgets';
 import { h } from './dom';
 import { formatBytes, formatDelta, percent } from './format';
 import { historyChart } from './chart';
-import { IFreeState, MemoryModel, gpuUsedBytes } from './model';
+import { IFreeState, MemoryModel, gpuUsedBytes, tfBytes } from './model';
 import { NotebookModels } from './notebooks';
 import { IGpuDevice, ISnapshot } from './protocol';
 import { ScanSection } from './scanview';
@@ -90,18 +90,12 @@ function tfLines(s: ISnapshot): HTMLElement {
   }
   const line = h(
     'div',
-    { class: 'jp-kerasmagic-line', 'data-km': 'tf', 'data-bytes': String(sumTf(s) ?? '') },
+    { class: 'jp-kerasmagic-line', 'data-km': 'tf', 'data-bytes': String(tfBytes(s) ?? '') },
     h('b', {}, 'TensorFlow tensors '),
     text
   );
   line.title = "TensorFlow's allocator: the bytes of tensors it holds, exact (what runs out)";
   return line;
-}
-
-/** Bytes of TensorFlow tensors over every device that keeps statistics, or null. */
-function sumTf(s: ISnapshot): number | null {
-  const devices = s.tf.devices;
-  return devices.length ? devices.reduce((n, d) => n + d.current_bytes, 0) : null;
 }
 
 /** A count tile, or nothing when the kernel does not know the figure (no "–" placeholders). */
@@ -136,7 +130,10 @@ function freeText(free: IFreeState): string {
         ? `; RSS ${formatBytes(free.rssBeforeBytes)} → ${formatBytes(free.rssAfterBytes)}`
         : '';
       const dropped = report.dropped.length ? report.dropped.join(', ') : 'nothing';
-      return `Freed ${(report.freed_bytes / 2 ** 20).toFixed(1)} MB${fell}. Dropped: ${dropped}. ` +
+      const tensors = report.tf_freed_bytes
+        ? ` and ${formatBytes(report.tf_freed_bytes)} of TensorFlow tensors`
+        : '';
+      return `Freed ${(report.freed_bytes / 2 ** 20).toFixed(1)} MB${fell}${tensors}. Dropped: ${dropped}. ` +
         (report.kept.length ? `Still alive under a name: ${report.kept.join(', ')}.` : '');
     }
   }

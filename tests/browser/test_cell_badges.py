@@ -105,3 +105,20 @@ def test_badges_record_each_cell_and_are_saved_with_the_notebook(lab: Server, pa
     assert page.locator(f"{BADGE}:visible").count() == 0
     page.evaluate(TOGGLE_JS)
     assert _badge_for_run(page, 3)["executionCount"] == str(page.evaluate(COUNT_JS, 3))
+
+
+def test_badge_and_record_carry_tensorflows_tensors(lab: Server, page: Any) -> None:
+    """TF's allocator is exact: a cell that keeps a 1000x1000 float tensor says +3.8 MB of it."""
+    cells = ["%load_ext kerasmagic", "import tensorflow as tf\nt0 = tf.zeros(1)",
+             "t = tf.zeros((1000, 1000))"]  # fmt: skip
+    write_notebook(lab.root, "tensors.ipynb", cells)
+    page.goto(f"{lab.url}/lab/workspaces/tensors/tree/tensors.ipynb")
+    wait_for_kernel(page)
+    for index in range(3):
+        run_cell(page, index)
+    badge = _badge_for_run(page, 2)
+    assert 4_000_000 <= int(badge["tfDelta"]) < 4_000_000 + 2**16, badge
+    assert "TF tensors +3.8 MB" in badge["text"], badge
+    record = page.evaluate(METADATA_JS, 2)
+    assert record["tf_delta_bytes"] == int(badge["tfDelta"])
+    assert record["tf_bytes"] >= record["tf_delta_bytes"]
