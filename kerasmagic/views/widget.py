@@ -27,10 +27,13 @@ WARN_COLOUR = "var(--jp-error-color1, #b71c1c)"
 
 
 def _tf_totals(snap: MemorySnapshot) -> tuple[int | None, int | None]:
-    """Return TF's tensors in use (every device with statistics) and the VRAM it holds."""
+    """Return TF's tensors in use (on its GPUs, else on CPU:0) and the VRAM it holds."""
     if not snap.tf.devices:
         return None, None
-    return snap.tf.current_bytes, snap.gpu_used_bytes if snap.tf.gpu_devices else None
+    gpus = snap.tf.gpu_devices
+    if not gpus:  # CPU:0 alone: no VRAM to compare with
+        return snap.tf.current_bytes, None
+    return sum(d.current_bytes for d in gpus), snap.gpu_used_bytes
 
 
 def _backend_figures(snap: MemorySnapshot) -> tuple[str, str]:
