@@ -21,6 +21,7 @@ PARTS: tuple[str, ...] = (
     "kerasmagic.oom",
     "kerasmagic.cleanup.cellawait",
     "kerasmagic.cleanup.lostinterrupts",
+    "kerasmagic.cleanup.gradmode",
     "kerasmagic.cleanup.kernelguard",  # last: its callbacks run after the other parts'
 )
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ def unload(shell: Any) -> None:
         configurables.remove(magics)
     if not _loaded:
         tfstack.uninstall()
+        if "kerasmagic.probes.nvml" in sys.modules:  # never imported: nothing to stop
+            sys.modules["kerasmagic.probes.nvml"].stop()
 
 
 def magics_for(shell: Any) -> Any | None:

@@ -88,15 +88,19 @@ def kip(ip: InteractiveShell) -> InteractiveShell:
 
 
 @contextmanager
-def real_kernel(cwd: str, backend: str = "tensorflow") -> Iterator[tuple[KernelManager, Any]]:
-    """A real ipykernel in ``cwd`` on Keras ``backend`` with kerasmagic loaded; shut down after."""
+def real_kernel(
+    cwd: str, backend: str = "tensorflow", load: bool = True
+) -> Iterator[tuple[KernelManager, Any]]:
+    """A real ipykernel in ``cwd`` on Keras ``backend``, kerasmagic loaded unless told; shut down
+    after."""
     km = KernelManager(kernel_name="python3")
     km.start_kernel(cwd=cwd, env={**os.environ, "KERAS_BACKEND": backend})
     client = km.client()
     client.start_channels()
     try:
         client.wait_for_ready(timeout=60)
-        client.execute_interactive("%load_ext kerasmagic", timeout=60)
+        if load:
+            client.execute_interactive("%load_ext kerasmagic", timeout=60)
         yield km, client
     finally:
         client.stop_channels()

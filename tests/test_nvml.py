@@ -377,3 +377,22 @@ def _raise(exc: BaseException) -> Callable[..., Any]:
         raise exc
 
     return fail
+
+
+def _nvml_threads() -> int:
+    import threading
+
+    return sum(t.name == "kerasmagic-nvml" for t in threading.enumerate())
+
+
+def test_unload_ends_the_reading_thread_and_a_reading_starts_it_again(
+    monkeypatch: pytest.MonkeyPatch, ip: InteractiveShell
+) -> None:
+    inject(monkeypatch, make_pynvml(two_gpus()))
+    assert nvml.read_gpus().status == "ok"
+    assert _nvml_threads() == 1
+    ip.run_line_magic("unload_ext", "kerasmagic")
+    assert _nvml_threads() == 0
+    ip.run_line_magic("load_ext", "kerasmagic")
+    assert nvml.read_gpus().status == "ok"
+    assert _nvml_threads() == 1

@@ -646,3 +646,26 @@ def test_reload_keeps_one_set_of_hooks(ip: InteractiveShell, cycles: int) -> Non
         if getattr(f, "__qualname__", "").startswith("LiveMonitor")
     ]
     assert len(hooks) == 1
+
+
+# -- PyTorch's grad mode after a Ctrl-C inside torch.no_grad().__enter__ --------------------
+HALF_ENTERED = """
+import torch
+torch.no_grad().__enter__()  # what a Ctrl-C after its set_grad_enabled(False) leaves
+raise KeyboardInterrupt
+"""
+
+
+def test_a_ctrl_c_inside_no_grad_enter_leaves_gradients_on(
+    ip: InteractiveShell, capsys: Any
+) -> None:
+    torch = pytest.importorskip("torch")
+    result = ip.run_cell(HALF_ENTERED)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert torch.is_grad_enabled()
+    assert "left gradients off; they are on again" in capsys.readouterr().out
+    run(ip, "torch.set_grad_enabled(False)")  # on purpose, in a cell that succeeds: kept
+    assert not torch.is_grad_enabled()
+    ip.run_cell("1 / 0")  # it was off before this cell: a failing cell leaves it off
+    assert not torch.is_grad_enabled()
+    torch.set_grad_enabled(True)

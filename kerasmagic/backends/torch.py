@@ -15,7 +15,7 @@ from typing import Any
 from kerasmagic.backends import Backend, BackendDevice, BackendInfo, attempt, keras_backend
 
 
-def _torch() -> Any | None:
+def loaded_torch() -> Any | None:
     """Return the torch module once ``import torch`` has finished, else None."""
     top = sys.modules.get("torch")
     if top is None or getattr(getattr(top, "__spec__", None), "_initializing", False):
@@ -25,7 +25,7 @@ def _torch() -> Any | None:
 
 def in_use() -> bool:
     """PyTorch is in use once imported (Keras imports it only when it runs on it)."""
-    return _torch() is not None
+    return loaded_torch() is not None
 
 
 def cuda_started(torch: Any) -> bool:
@@ -53,7 +53,7 @@ def compiled_frames() -> int | None:
 
 def read() -> BackendInfo:
     """Return per-GPU allocated/reserved/peak once CUDA is up, and dynamo's compiled frames."""
-    torch = _torch()
+    torch = loaded_torch()
     version = getattr(torch, "__version__", None)
     keras = keras_backend() == "torch"
     if torch is None:
@@ -71,7 +71,7 @@ def read() -> BackendInfo:
 
 def reset() -> list[str]:
     """Drop torch.compile's caches; hand cached CUDA blocks no tensor uses back to the driver."""
-    torch = _torch()
+    torch = loaded_torch()
     if torch is None:
         return []
     done = []
@@ -106,7 +106,7 @@ def configure(growth: bool, limit_mb: int | None) -> str:
 
 def reset_peaks() -> list[str]:
     """Reset PyTorch's peak counters on every CUDA device; return the devices reset."""
-    torch = _torch()
+    torch = loaded_torch()
     if torch is None or not cuda_started(torch):
         return []
     count = attempt(lambda: int(torch.cuda.device_count()), 0)

@@ -67,6 +67,13 @@ def shutdown(wait_s: float = EXIT_WAIT_S) -> None:
         nvml_read.shutdown(wait_s)
 
 
+def stop(wait_s: float = EXIT_WAIT_S) -> None:
+    """Shut NVML down and end the reading thread (``%unload_ext``); the next reading restarts
+    both. A reading that still hangs is left alone."""
+    if _worker.stop(wait_s):
+        nvml_read.shutdown(wait_s)
+
+
 def _register_exit() -> None:
     global _exit_registered
     with _exit_lock:

@@ -27,6 +27,7 @@ class DeadlineWorker(Generic[T]):
         self._job: futures.Future[T] | None = None
         self._started = 0.0  # time.monotonic() when the newest call was asked for
         self._thread: threading.Thread | None = None
+        self._generation = 0  # a thread runs while this is the number it was started with
 
     def call(self, timeout_s: float) -> T:
         """Return ``fn()``'s result, or raise ``TimeoutError`` once it has run ``timeout_s``.
@@ -50,6 +51,21 @@ class DeadlineWorker(Generic[T]):
         job = self._job
         return job is None or not futures.wait([job], timeout_s).not_done
 
+    def stop(self, timeout_s: float) -> bool:
+        """End the thread once no call is in flight; return False if one still runs (left be).
+
+        A later ``call`` starts a new thread.
+        """
+        if not self.wait_idle(timeout_s):
+            return False
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._generation += 1
+            self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+        return True
+
     def _current(self) -> tuple[futures.Future[T], float]:
         """Return the call in flight, or a new one, and when it was asked for."""
         with self._lock:
@@ -59,15 +75,20 @@ class DeadlineWorker(Generic[T]):
             job: futures.Future[T] = futures.Future()
             self._job, self._started = job, time.monotonic()
             if not alive:
-                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._generation += 1
+                self._thread = threading.Thread(
+                    target=self._loop, args=(self._generation,), name=self._name, daemon=True
+                )
                 self._thread.start()
             self._wake.set()
             return job, self._started
 
-    def _loop(self) -> None:
+    def _loop(self, generation: int) -> None:
         while True:
             self._wake.wait()
             with self._lock:
+                if generation != self._generation:  # stopped, or a newer thread took over
+                    return
                 self._wake.clear()
                 job = self._job
             if job is None or job.done():

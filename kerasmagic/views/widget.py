@@ -98,7 +98,9 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
         """Stop listening to the monitor and close this widget and its parts."""
         self._unsubscribe()
         for child in (self._bars, self._figures, self._spark, self._alert):
+            _close_parts(child)
             child.close()
+        _close_parts(self)
         super().close()
 
     def show_snapshot(self, snap: MemorySnapshot) -> None:
@@ -188,6 +190,13 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
             f"<div role='alert' style='color:{WARN_COLOUR};font-weight:bold'>"
             f"&#9888; {html.escape(self.warning)}</div>"
         )
+
+
+def _close_parts(widget: widgets.Widget) -> None:
+    """Close a widget's own Layout and Style widgets: ``close()`` leaves their comms open."""
+    for part in (getattr(widget, "layout", None), getattr(widget, "style", None)):
+        if isinstance(part, widgets.Widget):
+            part.close()
 
 
 def _tagged(key: str, value: int, inner: str) -> str:
