@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from kerasmagic.cleanup.holders import live_models
     from kerasmagic.isolate.api import isolated, run_isolated, sweep
     from kerasmagic.live import history
+    from kerasmagic.oom.batch import find_batch_size
     from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
 
 _LAZY = {
@@ -31,6 +32,7 @@ _LAZY = {
     "sweep": "kerasmagic.isolate.api",
     "live_models": "kerasmagic.cleanup.holders",
     "history": "kerasmagic.live",
+    "find_batch_size": "kerasmagic.oom.batch",
 }
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "MemorySnapshot",
     "__version__",
     "diff",
+    "find_batch_size",
     "fresh",
     "history",
     "isolated",

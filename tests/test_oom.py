@@ -8,9 +8,10 @@ the error, the figures and the recovery are TensorFlow's own. BFC retries ~10 s 
 from __future__ import annotations
 
 import pathlib
+import sys
 
 import pytest
-from conftest import kernel_run, kernel_value, real_kernel
+from conftest import kernel_run, kernel_value, real_kernel, run
 from IPython.core.interactiveshell import InteractiveShell
 
 from kerasmagic.oom import find_oom
@@ -120,3 +121,78 @@ def test_the_block_follows_an_oom_cell_only_and_goes_with_unload(
     ip.run_cell(raise_oom)
     assert "kerasmagic: out of memory" not in capsys.readouterr().out
     ip.run_line_magic("load_ext", "kerasmagic")  # the fixture unloads it
+
+
+# -- the batch that fits ----------------------------------------------------------------------
+def test_the_batch_finder_takes_every_sample_when_they_all_fit(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(kip, "import kerasmagic\nm = build()\nw0 = [w.copy() for w in m.get_weights()]")
+    assert run(kip, "kerasmagic.find_batch_size(m, x, y)") == 256  # x holds 256 samples
+    out = capsys.readouterr().out
+    assert "kerasmagic: batch 256 fits (all 256 samples; one step peaked at" in out
+    assert "train steps on CPU:0, batch 16 to 256" in out
+    assert run(kip, "all((a == b).all() for a, b in zip(w0, m.get_weights()))")
+    assert run(kip, "int(m.optimizer.iterations)") == 0  # the probes' steps were undone
+    assert run(kip, "m.train_function") is None  # their traces are dropped
+    assert run(kip, "kerasmagic.find_batch_size(m, x, y, max_batch=100, verbose=False)") == 100
+
+
+def test_the_batch_finder_says_why_it_cannot_measure(
+    kip: InteractiveShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kerasmagic.oom import batch
+
+    run(kip, "m = build()")
+    model, x = kip.user_ns["m"], kip.user_ns["x"]
+    monkeypatch.setattr(batch, "_keras_backend", lambda: "jax")
+    found = batch.measure_batch(model, x)
+    assert found.batch is None
+    assert found.message == (
+        "kerasmagic: JAX's allocator peak cannot be reset, so one train step cannot be "
+        "measured: no batch size measured"
+    )
+    monkeypatch.setattr(batch, "_keras_backend", lambda: "torch")
+    if "torch" not in sys.modules or not sys.modules["torch"].cuda.is_initialized():
+        said = batch.measure_batch(model, x).message
+        assert "PyTorch keeps no allocator figures on the CPU" in said
+    with pytest.raises(ValueError, match="needs a compiled Keras model"):
+        batch.measure_batch(run(kip, "keras.Sequential([keras.layers.Dense(2)])"), x)
+    with pytest.raises(ValueError, match="margin must be in"):
+        batch.measure_batch(model, x, margin=1.5)
+
+
+FINDER = """
+import numpy as np, keras, tensorflow as tf, kerasmagic
+m = keras.Sequential([keras.Input((256,)), keras.layers.Dense(2048, activation="relu"),
+                      keras.layers.Dense(2048, activation="relu"), keras.layers.Dense(10)])
+m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+x = np.random.default_rng(0).random((20000, 256), dtype=np.float32)
+y = np.random.default_rng(1).integers(0, 10, 20000)
+w0 = [w.copy() for w in m.get_weights()]
+"""
+
+
+@pytest.mark.slow
+def test_the_batch_finder_under_a_capped_allocator_finds_a_batch_that_trains(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", "160")
+    with real_kernel(str(tmp_path)) as (_, client):
+        assert kernel_run(client, FINDER)[0]["status"] == "ok"
+        in_use = "tf.config.experimental.get_memory_info('CPU:0')['current']"
+        before = kernel_value(client, in_use)
+        content, text = kernel_run(client, "n = kerasmagic.find_batch_size(m, x, y)", 300)
+        assert content["status"] == "ok", text
+        n = kernel_value(client, "n")
+        assert 512 <= n < 20000, text  # 160 MB holds ~2,000 samples' step, not 20,000
+        assert "limit 160.0 MB (TF_CPU_BFC_MEM_LIMIT_IN_MB); a step may use 90% of it" in text
+        assert f"kerasmagic: batch {n} fits (one step peaked at" in text
+        assert kernel_value(client, "all((a == b).all() for a, b in zip(w0, m.get_weights()))")
+        assert kernel_value(client, "int(m.optimizer.iterations)") == 0
+        slots = 2 * kernel_value(client, "sum(w.nbytes for w in w0)")  # Adam's two, now built
+        left = kernel_value(client, in_use) - before  # Adam's slots, its step and rate; BFC's
+        assert left <= slots + 2**18, text  # rounding: never a batch (>= 1 MB here)
+        fit = "m.fit(x[:3 * n], y[:3 * n], batch_size=n, verbose=0)"
+        assert kernel_run(client, fit, 300)[0]["status"] == "ok"  # that batch trains

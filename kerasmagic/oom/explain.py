@@ -11,20 +11,25 @@ from kerasmagic.views.render import fmt_bytes
 
 if TYPE_CHECKING:
     from kerasmagic.cleanup.holders import LiveModel
+    from kerasmagic.probes.nvml_types import GpuDevice
     from kerasmagic.snapshot import MemorySnapshot
 
 LABELS = {"tensorflow": "TensorFlow", "torch": "PyTorch", "jax": "JAX"}
 
 
 def limit_bytes(oom: OomError, snap: MemorySnapshot) -> int | None:
-    """Return the device's memory limit where it is known (BFC's CPU cap, a GPU's total)."""
-    if oom.device is not None and oom.device.startswith("CPU"):
+    """Return the failed device's memory limit where it is known."""
+    return device_limit_bytes(oom.device, snap.gpu.devices)
+
+
+def device_limit_bytes(device: str | None, gpus: Sequence[GpuDevice]) -> int | None:
+    """Return a device's memory limit where it is known (BFC's CPU cap, a GPU's total)."""
+    if device is not None and device.upper().startswith("CPU"):
         cap = os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB", "")
         return int(cap) * 2**20 if cap.isdigit() else None
-    if oom.device is not None and oom.device.startswith("GPU") and snap.gpu.devices:
-        index = int(oom.device.split(":")[-1] or 0)
-        visible = snap.gpu.devices
-        return visible[index].total_bytes if index < len(visible) else None
+    if device is not None and device.upper().startswith(("GPU", "CUDA")) and gpus:
+        index = int(device.split(":")[-1] or 0)
+        return gpus[index].total_bytes if index < len(gpus) else None
     return None
 
 
