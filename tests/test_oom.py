@@ -196,3 +196,45 @@ def test_the_batch_finder_under_a_capped_allocator_finds_a_batch_that_trains(
         assert left <= slots + 2**18, text  # rounding: never a batch (>= 1 MB here)
         fit = "m.fit(x[:3 * n], y[:3 * n], batch_size=n, verbose=0)"
         assert kernel_run(client, fit, 300)[0]["status"] == "ok"  # that batch trains
+
+
+RECOVERY = """
+import numpy as np, keras, tensorflow as tf
+x = np.random.default_rng(0).random((8000, 256), dtype=np.float32)
+y = np.random.default_rng(1).integers(0, 10, 8000)
+lossf = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+def build(width):
+    return keras.Sequential([keras.Input((256,)), keras.layers.Dense(width, activation="relu"),
+                             keras.layers.Dense(width, activation="relu"), keras.layers.Dense(10)])
+"""
+TAPE = """%%fresh_model -q
+m, opt = build(2048), keras.optimizers.Adam()
+xb, yb = tf.constant(x[:{n}]), tf.constant(y[:{n}])
+with tf.GradientTape() as tape:
+    loss = lossf(yb, m(xb, training=True))
+grads = tape.gradient(loss, m.trainable_variables)
+opt.apply_gradients(zip(grads, m.trainable_variables))
+"""
+
+
+@pytest.mark.slow
+def test_after_an_oom_in_a_tape_loop_or_while_building_the_size_that_fitted_fits_again(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eager OOMs only: TF 2.21 on CPU:0's capped BFC segfaults, rather than raising, when a
+    traced step (fit's, predict's, a tf.function) runs out inside an oneDNN kernel; those
+    patterns are tested on a GPU (tests/test_gpu.py)."""
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", "160")
+    in_use = "tf.config.experimental.get_memory_info('CPU:0')['current']"
+    with real_kernel(str(tmp_path)) as (_, client):
+        assert kernel_run(client, RECOVERY)[0]["status"] == "ok"
+        assert kernel_run(client, TAPE.format(n=1000))[0]["status"] == "ok"
+        fitted = kernel_value(client, in_use)
+        for too_big in (TAPE.format(n=6000), "%%fresh_model -q\nm = build(6000)"):
+            content, text = kernel_run(client, too_big, timeout_s=180)
+            assert content["ename"] == "ResourceExhaustedError", text
+            assert "kerasmagic: out of memory on CPU:0 (TensorFlow)" in text
+            content, text = kernel_run(client, TAPE.format(n=1000), timeout_s=180)
+            assert content["status"] == "ok", text  # the size that fitted fits again
+            assert abs(kernel_value(client, in_use) - fitted) <= fitted / 10
