@@ -13,6 +13,7 @@ needs at most one out-of-memory error and usually none.
 from __future__ import annotations
 
 import gc
+import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -92,9 +93,13 @@ def measure_batch(
     samples = _rows(x)
     cap = min(samples, max_batch) if max_batch else samples
     saved = _save(model)
+    tf_log = logging.getLogger("tensorflow")  # each probe's new shape retraces: not news
+    level = tf_log.level
+    tf_log.setLevel(logging.ERROR)
     try:
         return _search(model, x, y, meter, cap, margin, saved)
     finally:
+        tf_log.setLevel(level)
         _restore(model, saved)
         model.train_function = None  # the probes' traces; fit traces its own
         gc.collect()
