@@ -12,17 +12,18 @@ import sys
 from typing import Any
 
 from kerasmagic.backends.tensorflow import stack as tfstack
-from kerasmagic.cleanup.cellrun import RUNNERS
-from kerasmagic.cleanup.heap import pin_mmap_threshold
+from kerasmagic.cells.runner import RUNNERS
+from kerasmagic.native.heap import pin_mmap_threshold
 
 PARTS: tuple[str, ...] = (
     "kerasmagic.live",
     "kerasmagic.views.comm",
     "kerasmagic.oom",
-    "kerasmagic.cleanup.cellawait",
-    "kerasmagic.cleanup.lostinterrupts",
-    "kerasmagic.cleanup.gradmode",
-    "kerasmagic.cleanup.kernelguard",  # last: its callbacks run after the other parts'
+    "kerasmagic.cleanup.loops",
+    "kerasmagic.cells.awaiting",
+    "kerasmagic.interrupts.lost",
+    "kerasmagic.interrupts.gradmode",
+    "kerasmagic.interrupts.kernelguard",  # last: its callbacks run after the other parts'
 )
 log = logging.getLogger(__name__)
 _loaded: dict[int, Any] = {}  # id(shell) -> KerasMagics instance

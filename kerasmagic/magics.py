@@ -13,21 +13,21 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from traitlets import Bool, Int, TraitError, observe, validate
 
-from kerasmagic.backends.tensorflow.alloc import reset_peaks
-from kerasmagic.backends.tensorflow.config import configure_gpus
-from kerasmagic.cleanup import cellrun, last_report, reset
-from kerasmagic.cleanup.cellcode import compile_cell
-from kerasmagic.cleanup.globalreads import rebound_now
-from kerasmagic.cleanup.heap import MAX_MB, pin_mmap_threshold
+from kerasmagic.backends import configure_gpus, reset_peaks
+from kerasmagic.cells import runner
+from kerasmagic.cells.compiler import compile_cell
+from kerasmagic.cells.reads import rebound_now
+from kerasmagic.cleanup import last_report, reset
 from kerasmagic.cleanup.holders import live_models
-from kerasmagic.cleanup.interrupts import held_interrupts
+from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.magicargs import keep_names, megabytes, parse_line
+from kerasmagic.native.heap import MAX_MB, pin_mmap_threshold
 from kerasmagic.probes import read_ram
 from kerasmagic.probes.variables import largest_variables
 from kerasmagic.snapshot import take_snapshot
+from kerasmagic.units import fmt_bytes
 from kerasmagic.views.render import (
     Table,
-    fmt_bytes,
     freed_row,
     model_rows,
     snapshot_rows,
@@ -215,7 +215,7 @@ class KerasMagics(Magics):
                 cell_delta = fmt_bytes(read_ram().rss_bytes - rss_before)
                 print(f"kerasmagic: {report.summary()}; cell RSS {cell_delta}")
 
-        return cellrun.run(self.ip, compiled, report_line)
+        return runner.run(self.ip, compiled, report_line)
 
 
 __all__ = ["KerasMagics"]

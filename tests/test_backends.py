@@ -155,7 +155,8 @@ def test_torch_reads_resets_and_caps_the_cuda_allocator(cuda: FakeCuda) -> None:
     assert info.platform == "gpu"
     assert info.devices == (BackendDevice("cuda:0", GB, 2 * GB, 80 * GB, 3 * GB),)
     assert "reserved 3.0 GB" in text(snap(info, keras_backend="torch"))
-    assert torch_backend.reset() == ["torch.cuda.empty_cache"]
+    assert torch_backend.reset() == []  # before the cleanup's collection: nothing to hand back
+    assert torch_backend.release() == ["torch.cuda.empty_cache"]  # after it
     assert torch_backend.reset_peaks() == ["cuda:0"]
     assert "memory capped at 8192 MB for 1 GPU(s)" in torch_backend.configure(False, 8192)
     assert cuda.calls == [
@@ -178,7 +179,7 @@ def python(code: str, **env: str) -> Any:
 
 JAX_CONFIG = """
 import json, os, sys
-from kerasmagic.backends.tensorflow.config import configure_gpus
+from kerasmagic.backends import configure_gpus
 first = configure_gpus(growth=True)
 imported = "jax" in sys.modules
 preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE")
@@ -217,3 +218,23 @@ def test_legacy_tf_keras_name_counter_is_read_and_reset() -> None:
     module, grown, after, name = python(LEGACY, TF_USE_LEGACY_KERAS="1")
     assert module.startswith("tf_keras.")
     assert grown >= 3 and after < 3 and name == "dense"  # clear_session names one of its own
+
+
+def test_a_backend_whose_read_fails_is_said_once_not_read_as_not_available(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``attempt`` swallowed every exception around a whole read: a kerasmagic bug looked like
+    a backend with no figures. Now the site says so, once."""
+    import kerasmagic.backends as backends
+
+    def broken_read() -> BackendInfo:
+        raise KeyError("a bug in kerasmagic's reader")
+
+    fake = dataclasses.replace(torch_backend.BACKEND, in_use=lambda: True, read=broken_read)
+    monkeypatch.setattr(torch_backend, "BACKEND", fake)
+    monkeypatch.setattr(backends, "_failed", set())
+    with caplog.at_level("WARNING"):
+        first, second = backends.read_active(), backends.read_active()
+    assert all(info.name != "torch" for info in (*first, *second))
+    said = [r for r in caplog.records if "torch.read failed" in r.getMessage()]
+    assert len(said) == 1 and said[0].exc_info is not None  # once, with the traceback

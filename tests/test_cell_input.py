@@ -20,8 +20,8 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 from jupyter_client.manager import start_new_kernel
 
-from kerasmagic.cleanup.cellawait import AwaitTransformer
-from kerasmagic.cleanup.cellparse import rebound_names
+from kerasmagic.cells.awaiting import AwaitTransformer
+from kerasmagic.cells.parse import rebound_names
 from kerasmagic.magicargs import parse_line
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from kerasmagic.cleanup.cellparse import rebinding_in, rebound_names
-from kerasmagic.cleanup.globalreads import rebound_now
+from kerasmagic.cells.parse import rebinding_in, rebound_names
+from kerasmagic.cells.reads import rebound_now
 from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
 
 
@@ -102,7 +102,7 @@ def test_a_failing_read_walk_keeps_the_names_it_had_not_decided(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Whatever goes wrong in the walk, the cell still runs and nothing undecided is dropped."""
-    import kerasmagic.cleanup.globalreads as globalreads
+    import kerasmagic.cells.reads as globalreads
 
     def broken(code: object) -> frozenset[str]:
         raise RuntimeError("an object no walk foresaw")
@@ -153,7 +153,7 @@ def test_import_touches_neither_tensorflow_nor_nvml() -> None:
 
 def test_fast_model_count_agrees_with_the_path_walk() -> None:
     keras = pytest.importorskip("keras")
-    from kerasmagic.probes.keras_state import count_models, namespace_models
+    from kerasmagic.walk.near import count_models, namespace_models
 
     models = [keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]) for _ in range(4)]
     history = keras.callbacks.History()

@@ -20,7 +20,7 @@ from conftest import kernel_value as value
 from conftest import real_kernel
 from jupyter_client.manager import KernelManager
 
-from kerasmagic.cleanup import gradmode
+from kerasmagic.interrupts import gradmode
 
 pytestmark = pytest.mark.slow
 

@@ -48,7 +48,7 @@ def test_nvml_restarts_after_a_users_own_shutdown() -> None:
 
 
 GROWTH = """
-import json, kerasmagic.backends.tensorflow.config as c
+import json, kerasmagic.backends as c
 first = c.configure_gpus(growth=True)
 import tensorflow as tf
 tf.ones((1024, 1024))  # starts the runtime
@@ -77,7 +77,7 @@ def test_allocator_figures_and_freeing_on_gpu(kip: InteractiveShell) -> None:
     assert in_use > 4096 * 20 * 4
     run(kip, "%%fresh_model -q --all\nz = 1")
     assert read_tf().devices[0].current_bytes < in_use
-    from kerasmagic.backends.tensorflow.alloc import reset_peaks
+    from kerasmagic.backends import reset_peaks
 
     assert reset_peaks() and read_tf().devices[0].peak_bytes <= in_use
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kerasmagic.cleanup import heap
+from kerasmagic.native import heap
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 PROBE = """
 import ctypes, json, sys
 sys.path.insert(0, {root!r})
-from kerasmagic.cleanup import heap
+from kerasmagic.native import heap
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
                 "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -63,7 +63,7 @@ def test_load_pins_and_the_config_can_turn_it_off() -> None:
         "ip = start_ipython()\n"
         "ip.config.KerasMagics.mmap_threshold_mb = {mb}\n"
         "ip.run_line_magic('load_ext', 'kerasmagic')\n"
-        "from kerasmagic.cleanup import heap\n"
+        "from kerasmagic.native import heap\n"
         "print(heap.pinned_mb())\n"
     )
     for mb, expected in ((4, "4"), (0, "None"), (16, "16")):

@@ -267,3 +267,32 @@ def test_a_stack_of_tensorflows_own_frames_still_records_one() -> None:
     frames = [(f.filename, f.name) for f in relu.traceback]
     assert len(frames) == 1 and "tensorflow/python" in frames[0][0]  # the innermost kept
     assert relu.traceback.last_user_frame() is not None
+
+
+def test_a_failing_string_capture_falls_back_to_tensorflows_own(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The patch replaces TF's capture for every op: if it raised, model building broke."""
+    native, _ = _both(lambda: _graph_traces(0))
+
+    def broken(*args: object) -> object:
+        raise RuntimeError("a TensorFlow that changed under the patch")
+
+    monkeypatch.setattr(tracetree, "find", broken)
+    monkeypatch.setattr(tfstack, "_failed", [])
+    was_installed = tfstack.installed()
+    tfstack.uninstall()
+    assert tfstack.install() is None
+    try:
+        with caplog.at_level("WARNING"):
+            ours = _graph_traces(0)  # the same call site as TensorFlow's above
+    finally:
+        if not was_installed:
+            tfstack.uninstall()
+
+    def inner(traces: Any) -> list[list[tuple[str, int, str]]]:  # from _graph_traces down
+        return [[f for f in trace if f[2] == "_graph_traces"] for trace in traces]
+
+    assert inner(ours) == inner(native) and len(ours) == len(native) >= 8  # type: ignore[arg-type]
+    warned = [r for r in caplog.records if "string op stack traces failed" in r.getMessage()]
+    assert len(warned) == 1  # once, not once per op

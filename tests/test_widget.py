@@ -12,7 +12,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 from kerasmagic.live import LiveMonitor, get_monitor
-from kerasmagic.views.render import fmt_bytes
+from kerasmagic.units import fmt_bytes
 from kerasmagic.views.widget import LiveWidget
 
 MB = 2**20

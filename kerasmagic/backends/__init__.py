@@ -7,8 +7,11 @@ that is missing or changed gives a "not available" value (None, an empty tuple),
 
 from __future__ import annotations
 
+import functools
+import gc
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -19,6 +22,7 @@ from typing import Any, TypeVar
 NAMES = ("tensorflow", "jax", "torch")
 LABELS = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,9 +68,22 @@ class BackendInfo:
         )
 
 
+def _nothing() -> list[str]:
+    return []
+
+
+Collect = Callable[[Callable[[], object]], list[str]]
+
+
 @dataclass(frozen=True)
 class Backend:
-    """The same small interface for every backend; see the modules beside this one."""
+    """The same small interface for every backend; see the modules beside this one.
+
+    ``reset`` empties the backend's caches before a cleanup's collection; ``collect``, if
+    any, runs that one collection with the backend's own work around it (TensorFlow purges
+    its gradient registry) and says what it released; ``release`` hands cached device blocks
+    back to the driver after it.
+    """
 
     name: str
     in_use: Callable[[], bool]
@@ -74,14 +91,30 @@ class Backend:
     reset: Callable[[], list[str]]
     configure: Callable[[bool, int | None], str]
     reset_peaks: Callable[[], list[str]]
+    release: Callable[[], list[str]] = _nothing
+    collect: Collect | None = None
 
 
-def attempt(read: Callable[[], T], default: T) -> T:
-    """Return ``read()``, or ``default`` when a backend's (often private) API fails."""
+def attempt(read: Callable[[], T], default: T, site: str | None = None) -> T:
+    """Return ``read()``, or ``default`` when a backend's (often private) API fails.
+
+    A figure a backend may simply not have (a CPU device's statistics) fails quietly (a debug
+    line). A whole ``site`` (``"torch.read"``) that fails is kerasmagic's own fault or a changed
+    framework: it is said once per site and kind of error, as a warning with its traceback, so
+    it never reads as "not available" alone.
+    """
     try:
         return read()
-    except Exception:  # a changed private API is "not available", never the user's problem
+    except Exception as exc:  # a changed private API is "not available", never the user's problem
+        if site is None:
+            log.debug("kerasmagic: %r failed", read, exc_info=True)
+        elif (site, type(exc)) not in _failed:
+            _failed.add((site, type(exc)))
+            log.warning("kerasmagic: %s failed; its figures are left out", site, exc_info=True)
         return default
+
+
+_failed: set[tuple[str, type]] = set()  # sites already reported (once each)
 
 
 def get(name: str) -> Backend:
@@ -122,7 +155,7 @@ def active() -> list[Backend]:
     """Return the backends in use, Keras's own first."""
     first = keras_backend()
     names = sorted(NAMES, key=lambda n: n != first)
-    return [b for b in (get(n) for n in names) if attempt(b.in_use, False)]
+    return [b for b in (get(n) for n in names) if attempt(b.in_use, False, f"{b.name}.in_use")]
 
 
 def read_active(known: Mapping[str, BackendInfo] | None = None) -> tuple[BackendInfo, ...]:
@@ -130,7 +163,7 @@ def read_active(known: Mapping[str, BackendInfo] | None = None) -> tuple[Backend
     known = known or {}
     out = []
     for b in active():
-        info = known.get(b.name) or attempt(b.read, None)
+        info = known.get(b.name) or attempt(b.read, None, f"{b.name}.read")
         if info is not None:
             out.append(info)
     return tuple(out)
@@ -141,21 +174,57 @@ def reset_active(skip: tuple[str, ...] = ()) -> list[str]:
     done: list[str] = []
     for b in active():
         if b.name not in skip:
-            done.extend(attempt(b.reset, []))
+            done.extend(attempt(b.reset, [], f"{b.name}.reset"))
     return done
 
 
-def reset_peaks_active(skip: tuple[str, ...] = ()) -> list[str]:
+def collect_active() -> list[str]:
+    """Collect garbage once, each backend in use doing its work around that collection;
+    return what they released, in words."""
+    said: list[str] = []
+    run: Callable[[], object] = gc.collect
+    for b in active():
+        if b.collect is not None:
+            run = functools.partial(_around, b, run, said)
+    run()
+    return said
+
+
+def _around(backend: Backend, inner: Callable[[], object], said: list[str]) -> None:
+    assert backend.collect is not None
+    ran: list[bool] = []
+
+    def collect() -> None:
+        ran.append(True)
+        inner()
+
+    wrap = backend.collect
+    said.extend(attempt(lambda: wrap(collect), [], f"{backend.name}.collect"))
+    if not ran:  # the backend's own work failed before it collected: collect anyway
+        inner()
+
+
+def release_active() -> list[str]:
+    """After a collection: each backend in use hands its unused cached blocks back."""
+    done: list[str] = []
+    for b in active():
+        done.extend(attempt(b.release, [], f"{b.name}.release"))
+    return done
+
+
+def reset_peaks() -> list[str]:
     """Reset the peak counters of every backend in use; return the devices reset."""
     done: list[str] = []
     for b in active():
-        if b.name not in skip:
-            done.extend(attempt(b.reset_peaks, []))
+        done.extend(attempt(b.reset_peaks, [], f"{b.name}.reset_peaks"))
     return done
 
 
-def configure(growth: bool, limit_mb: int | None) -> str:
-    """Apply growth / a memory cap to the backend Keras runs (or will run) on."""
+def configure_gpus(growth: bool = False, limit_mb: int | None = None) -> str:
+    """Turn on memory growth and/or cap each GPU at ``limit_mb`` for the backend Keras runs (or
+    will run) on: TensorFlow, JAX or PyTorch; return what happened in one line."""
+    if limit_mb is not None and limit_mb <= 0:
+        raise ValueError("the memory limit must be a positive number of MB")
     name = chosen()
     if name not in NAMES:
         return unsupported(name)

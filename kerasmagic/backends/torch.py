@@ -6,7 +6,6 @@ PyTorch keeps freed CUDA blocks reserved for reuse: ``memory_allocated`` is what
 
 from __future__ import annotations
 
-import gc
 import importlib
 import importlib.util
 import sys
@@ -70,21 +69,26 @@ def read() -> BackendInfo:
 
 
 def reset() -> list[str]:
-    """Drop torch.compile's caches; hand cached CUDA blocks no tensor uses back to the driver."""
+    """Drop torch.compile's caches."""
     torch = loaded_torch()
     if torch is None:
         return []
-    done = []
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None and callable(getattr(dynamo, "reset", None)):
         dynamo.reset()
-        done.append("torch._dynamo.reset")
-    if cuda_started(torch):
-        gc.collect()  # blocks of tensors still waiting in reference cycles are not "unused" yet
-        torch.cuda.empty_cache()
-        torch.cuda.ipc_collect()
-        done.append("torch.cuda.empty_cache")
-    return done
+        return ["torch._dynamo.reset"]
+    return []
+
+
+def release() -> list[str]:
+    """After the cleanup's collection (tensors in reference cycles are gone by then): hand the
+    cached CUDA blocks no tensor uses back to the driver."""
+    torch = loaded_torch()
+    if torch is None or not cuda_started(torch):
+        return []
+    torch.cuda.empty_cache()
+    torch.cuda.ipc_collect()
+    return ["torch.cuda.empty_cache"]
 
 
 def configure(growth: bool, limit_mb: int | None) -> str:
@@ -115,4 +119,4 @@ def reset_peaks() -> list[str]:
     return [f"cuda:{i}" for i in range(count)]
 
 
-BACKEND = Backend("torch", in_use, read, reset, configure, reset_peaks)
+BACKEND = Backend("torch", in_use, read, reset, configure, reset_peaks, release)

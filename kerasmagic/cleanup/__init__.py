@@ -6,25 +6,18 @@ and from plain Python (``kerasmagic.reset()`` / ``with kerasmagic.fresh():``) in
 
 from __future__ import annotations
 
-import gc
 import sys
 import time
-import weakref
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
-from kerasmagic.backends.tensorflow import stack as tfstack
 from kerasmagic.backends.tensorflow.alloc import read_tf
-from kerasmagic.backends.tensorflow.purge import PurgeResult, purge_custom_gradients
-from kerasmagic.backends.tensorflow.traces import clear_stale_traces
 from kerasmagic.cleanup.backend import reset_backend
-from kerasmagic.cleanup.heap import malloc_trim
-from kerasmagic.cleanup.holders import holder_paths, referrer_kinds
-from kerasmagic.cleanup.interrupts import held_interrupts
 from kerasmagic.cleanup.report import CleanupReport
 from kerasmagic.cleanup.stale import plan_cleanup
-from kerasmagic.cleanup.tracebacks import drop_stored_errors
+from kerasmagic.cleanup.steps import Run, run_steps
+from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.probes import read_ram
 
 
@@ -94,92 +87,25 @@ def _reset(
     dropped = tuple(desc for desc, _ in plan.actions if not desc.startswith("displayhook."))
     kept = tuple(path for path, _ in plan.kept.values())
     if dry_run:
-        return CleanupReport(dropped, kept, (), 0, None, None, time.perf_counter() - start, True)
-    rss_before, tf_before = read_ram().rss_bytes, read_tf().current_bytes
-    watched = [(path, weakref.ref(model)) for path, model in plan.stale.values()]
-    plan_notes = list(dict.fromkeys(plan.notes))
-    _cut(plan.actions)  # in a function: a loop variable here would keep the last cut's closure
-    stale_and_kept = ([m for _, m in plan.stale.values()], [m for _, m in plan.kept.values()])
-    plan_notes += clear_stale_traces(ns, *stale_and_kept)  # before the purge: frees their graphs
-    del plan, stale_and_kept
-    notes = plan_notes + _reset_tensorflow(patch_stack_traces)
-    purge = _collect()
-    not_freed = _survivors(watched, ns)
-    held_by_error = any(label.startswith("sys.last") for label in dropped)
-    if not_freed and held_by_error and drop_stored_errors(shell):  # see drop_stored_errors
-        notes.append("dropped the stored error too: it held a model (%tb has nothing to show)")
-        purge = _merge(purge, _collect())
-        not_freed = _survivors(watched, ns)
-    if purge is not None and purge.message:
-        notes.append(purge.message)
-    malloc_trim()
+        return CleanupReport(dropped, kept, (), 0, None, (), time.perf_counter() - start, True)
+    stale_models = plan.models()
+    run = Run(ns, shell, plan, patch_stack_traces, dropped)
+    del plan  # the run owns it now, and lets it go before collecting
+    run_steps(run)
     tf_after = read_tf().current_bytes
+    tf_freed = None if run.tf_before is None or tf_after is None else run.tf_before - tf_after
     return CleanupReport(
         dropped=dropped,
         kept=kept,
-        not_freed=not_freed,
-        freed_bytes=rss_before - read_ram().rss_bytes,
-        tf_freed_bytes=None if tf_before is None or tf_after is None else tf_before - tf_after,
-        purge=purge,
+        not_freed=run.not_freed,
+        freed_bytes=run.rss_before - read_ram().rss_bytes,
+        tf_freed_bytes=tf_freed,
+        released=tuple(run.released),
         elapsed_s=time.perf_counter() - start,
-        notes=tuple(notes),
-        stale_models=len(watched),
+        notes=tuple(run.notes),
+        stale_models=stale_models,
+        steps=tuple(run.timings),
     )
-
-
-def _cut(actions: list[tuple[str, Callable[[], None]]]) -> None:
-    for _, act in actions:
-        act()
-
-
-def _collect() -> PurgeResult | None:
-    """Collect garbage, purging TF's custom gradients whose graphs go with it (None: no TF)."""
-    if "tensorflow" in sys.modules:
-        return purge_custom_gradients()
-    gc.collect()
-    return None
-
-
-def _merge(first: PurgeResult | None, second: PurgeResult | None) -> PurgeResult | None:
-    if first is None or second is None:
-        return first or second
-    dropped = first.dropped + second.dropped
-    return PurgeResult(dropped, second.kept, second.unknown, first.message or second.message)
-
-
-def _reset_tensorflow(patch_stack_traces: bool) -> list[str]:
-    notes: list[str] = []
-    reset_backend()
-    tfstack.clear_cache()  # its remembered traces name old cells' frames (strings only)
-    if patch_stack_traces and "tensorflow" in sys.modules:
-        why = tfstack.install()
-        if why:
-            notes.append(why)
-    return notes
-
-
-def _survivors(
-    watched: list[tuple[str, weakref.ref[Any]]], ns: MutableMapping[str, Any]
-) -> tuple[str, ...]:
-    if not any(ref() is not None for _, ref in watched):
-        return ()
-    gc.collect()  # objects freed by the first pass can release others (finalizers, weakrefs)
-    alive = [(path, ref()) for path, ref in watched if ref() is not None]
-    if not alive:
-        return ()
-    paths = holder_paths(ns, [model for _, model in alive])
-    out = []
-    for path, model in alive:
-        holders = paths.get(id(model)) or _referrers(model, alive)
-        out.append(f"{path} (held by {', '.join(holders)})")
-    return tuple(out)
-
-
-def _referrers(model: Any, alive: list[tuple[str, Any]]) -> list[str]:
-    try:
-        return referrer_kinds(model, (alive, *alive))
-    except Exception:  # an odd object among the referrers: the report still comes
-        return ["something kerasmagic could not look into"]
 
 
 @contextmanager

@@ -16,9 +16,8 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from kerasmagic.cleanup.tracebacks import clear_frames
-from kerasmagic.probes.keras_state import is_a, items_of, object_array, user_attrs
-
-REBOUND_DEPTH = 6  # how far into a rebound name's containers stale models are looked for
+from kerasmagic.walk.children import REBOUND_DEPTH, contents, object_array, user_attrs
+from kerasmagic.walk.state import is_a
 
 
 def models_under(
@@ -30,9 +29,7 @@ def models_under(
         return
     if depth >= REBOUND_DEPTH:
         return
-    attrs = user_attrs(obj)
-    items = items_of(obj) if attrs is None else [(f".{k}", v) for k, v in attrs.items()]
-    for suffix, item in items or ():
+    for suffix, item in contents(obj):
         yield from models_under(path + suffix, item, types, depth + 1)
 
 

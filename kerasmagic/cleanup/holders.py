@@ -6,7 +6,6 @@ This walks ``gc.get_objects()`` (tens to hundreds of ms), so it never runs betwe
 from __future__ import annotations
 
 import gc
-import math
 import sys
 import types as pytypes
 from collections.abc import Mapping
@@ -14,17 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from kerasmagic.backends.tensorflow.traced import estimate_bytes, traced_ops
-from kerasmagic.cleanup.paths import paths_to
 from kerasmagic.cleanup.tracebacks import frame_locals, stored_tracebacks
-from kerasmagic.probes.keras_state import (
-    callback_types,
-    is_a,
-    is_user_name,
-    model_types,
-    module_dicts,
-    scan_order,
-    walk,
-)
+from kerasmagic.walk.children import module_dicts
+from kerasmagic.walk.names import is_user_name, scan_order
+from kerasmagic.walk.near import walk
+from kerasmagic.walk.own import own_objects
+from kerasmagic.walk.ownership import held_by, model_size_bytes, owned
+from kerasmagic.walk.paths import paths_to
+from kerasmagic.walk.state import callback_types, is_a, model_types, state_types
 
 
 @dataclass(frozen=True)
@@ -43,34 +39,6 @@ class LiveModel:
     estimate_bytes: int | None = None
     freeable: bool = False
     remedies: tuple[str, ...] = ()
-
-
-def _itemsize(dtype: Any) -> int:
-    size = getattr(dtype, "size", None)  # tf.DType
-    if isinstance(size, int):
-        return size
-    import numpy as np
-
-    return int(np.dtype(str(dtype)).itemsize)
-
-
-def model_size_bytes(model: Any) -> int:
-    """Return the bytes of a model's weights plus its optimizer's variables."""
-    variables = list(getattr(model, "weights", []))
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None:
-        variables += list(getattr(optimizer, "variables", []) or [])
-    seen: set[int] = set()
-    total = 0
-    for var in variables:
-        if id(var) in seen:
-            continue
-        seen.add(id(var))
-        try:
-            total += math.prod(int(d) for d in var.shape) * _itemsize(var.dtype)
-        except (TypeError, ValueError):  # unknown shape or exotic dtype
-            continue
-    return total
 
 
 def namespace_paths(namespace: Mapping[str, Any]) -> dict[int, list[str]]:
@@ -96,26 +64,6 @@ def holder_paths(namespace: Mapping[str, Any], models: list[Any]) -> dict[int, l
         deep = paths_to(roots, missing, callback_types(), model_types())
         paths.update((key, [path]) for key, path in deep.items())
     return paths
-
-
-_SHARED = (type, pytypes.ModuleType, pytypes.FrameType, pytypes.CodeType)
-OWN_LIMIT = 200_000  # objects of a model's own graph looked at (a Keras model: ~5,000)
-
-
-def _own_objects(obj: Any, modules: Mapping[int, str]) -> set[int]:
-    """Ids of what ``obj`` itself reaches (its layers, variables, traced functions and their
-    closures), not going into modules, classes, code or frames, which everything shares."""
-    seen = {id(obj)}
-    stack = [obj]
-    while stack and len(seen) < OWN_LIMIT:
-        for ref in gc.get_referents(stack.pop()):
-            key = id(ref)
-            if key in seen or key in modules or not gc.is_tracked(ref):
-                continue
-            if not issubclass(type(ref), _SHARED):
-                seen.add(key)
-                stack.append(ref)
-    return seen
 
 
 _TYPE_NAME = type.__dict__["__name__"]  # read past a metaclass's own __name__
@@ -154,7 +102,7 @@ def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> li
     kinds = []
     modules = module_dicts()
     skip = {id(x) for x in ignore} | {id(sys._getframe()), id(sys._getframe(1))}
-    skip |= _own_objects(obj, modules)
+    skip |= own_objects(obj, modules)
     for ref in gc.get_referrers(obj):
         kind = type(ref)
         if id(ref) in skip or (kind is pytypes.MethodType and ref.__self__ is obj):
@@ -224,7 +172,9 @@ def _shell_namespace() -> Mapping[str, Any]:
 
 
 def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
-    """Return every live Keras model, skipping the inner model a ``Sequential`` wraps.
+    """Return every live Keras model, skipping the inner model a ``Sequential`` wraps, then
+    the model state under the namespace's names that no live model owns (a ``KerasTensor``
+    still holding a dropped model's layers, a layer, an optimizer, a variable).
 
     Holders are named from ``namespace``: by default IPython's user namespace, if any.
     """
@@ -262,5 +212,45 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
                 remedies=tuple(r for r, _ in remedies),
             )
         )
+    out += _loose_state(namespace, models, paths)
     del models
     return out
+
+
+LOOSE_KINDS = ("layer", "tensor", "optimizer", "metric", "variable")
+MAX_LOOSE = 50  # loose pieces of state listed
+
+
+def _loose_state(
+    namespace: Mapping[str, Any], models: list[Any], paths: Mapping[int, list[str]]
+) -> list[LiveModel]:
+    """Model state under the namespace's names (two levels in) that no live model owns."""
+    types = state_types()
+    found: dict[int, tuple[Any, str]] = {}
+    for name in scan_order(namespace):
+        for _, obj in walk(name, namespace.get(name), ()):
+            kind = types.kind(type(obj))
+            if kind in LOOSE_KINDS and id(obj) not in found:
+                found[id(obj)] = (obj, kind)
+    if not found:
+        return []
+    own = owned(models, types)
+    out = []
+    for obj, kind in found.values():
+        if own.holds(obj, kind):
+            continue
+        held = held_by(obj, kind)
+        holders = paths.get(id(obj), [])
+        remedies = [holder_remedy(h) for h in holders]
+        out.append(
+            LiveModel(
+                _name(obj),
+                held.type,
+                held.size_bytes,
+                tuple(holders),
+                freeable=bool(remedies) and all(free for _, free in remedies),
+                remedies=tuple(r for r, _ in remedies),
+            )
+        )
+    out.sort(key=lambda m: -m.size_bytes)
+    return out[:MAX_LOOSE]

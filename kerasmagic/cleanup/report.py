@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
-
-from kerasmagic.backends.tensorflow.purge import PurgeResult
 
 MB = 1024 * 1024
 
@@ -19,11 +18,12 @@ class CleanupReport:
     not_freed: tuple[str, ...]
     freed_bytes: int
     tf_freed_bytes: int | None
-    purge: PurgeResult | None
+    released: tuple[str, ...]  # what the backends released around the collection, in words
     elapsed_s: float
     dry_run: bool = False
     notes: tuple[str, ...] = ()
     stale_models: int = 0  # models the cleanup set out to free (freed_bytes / this: per model)
+    steps: tuple[tuple[str, float], ...] = ()  # each step's name and seconds
 
     def summary(self) -> str:
         """Return the one-line report shown after a ``%%fresh_model`` cell."""
@@ -33,8 +33,7 @@ class CleanupReport:
         if self.tf_freed_bytes:  # None: no allocator statistics; 0: nothing to say
             parts[0] += f" (RSS) and {self.tf_freed_bytes / MB:.1f} MB of TensorFlow tensors"
         parts.append(f"dropped {_names(self.dropped)}")
-        if self.purge is not None and self.purge.dropped:
-            parts.append(f"purged {self.purge.dropped} custom gradients")
+        parts += self.released
         if self.kept:
             parts.append(f"still alive: {_names(self.kept)}")
         if self.not_freed:
@@ -43,8 +42,7 @@ class CleanupReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able dict (for the sidebar and logs)."""
-        purge = None if self.purge is None else vars(self.purge)
-        return {**{k: v for k, v in vars(self).items() if k != "purge"}, "purge": purge}
+        return dataclasses.asdict(self)
 
 
 def _names(items: tuple[str, ...], limit: int = 6) -> str:

@@ -1,11 +1,14 @@
-"""Decide which models in a namespace are stale and what to cut to let them go.
+"""Decide which model state in a namespace is stale and what to cut to let it go.
 
-Pure planning: ``plan_cleanup`` only looks; the returned actions do the cutting. Nothing here
-ever touches an object that is not model state: names bound to a model are unbound, models are
-taken out of rebound containers and rebound objects of the user's classes (the rest stays),
-callbacks such as ``History`` (at any depth) lose their ``.model`` link and keep their numbers,
-IPython's output cache forgets entries that hold a model, and stored tracebacks drop their
-frames' locals.
+Model state is what ``kerasmagic.walk.state`` says: models, layers, symbolic tensors,
+optimizers, metrics, losses, variables (and callbacks, whose ``.model`` link is cut, never the
+callback itself). Pure planning: ``plan_cleanup`` only looks; the returned actions do the
+cutting. Nothing here ever touches an object that is not model state: names bound to it are
+unbound, it is taken out of rebound containers and rebound objects of the user's classes (the
+rest stays), callbacks such as ``History`` (at any depth) lose their ``.model`` link and keep
+their numbers, IPython's output cache forgets entries that hold it, and stored tracebacks drop
+their frames' locals. What a kept name reaches, or a kept model owns (a shared layer, its
+tensors and variables), is never stale.
 """
 
 from __future__ import annotations
@@ -25,44 +28,64 @@ from kerasmagic.cleanup.cuts import (
     strip_binding,
     unbind,
 )
-from kerasmagic.cleanup.paths import callback_labels
-from kerasmagic.cleanup.reach import reachable
 from kerasmagic.cleanup.tracebacks import frame_locals, stored_tracebacks
-from kerasmagic.probes.keras_state import (
-    callback_model,
-    callback_types,
-    is_a,
-    is_user_name,
-    model_types,
-    scan_order,
-    walk,
-)
+from kerasmagic.walk.names import is_user_name, scan_order
+from kerasmagic.walk.near import walk
+from kerasmagic.walk.ownership import Owned, held_by, owned
+from kerasmagic.walk.paths import callback_labels
+from kerasmagic.walk.reach import reachable
+from kerasmagic.walk.state import StateTypes, callback_model, is_a, state_types
 
 Action = tuple[str, Callable[[], None]]
 
 
 @dataclass
 class Plan:
-    """What a cleanup would cut (``actions``), which models it frees and which it keeps."""
+    """What a cleanup would cut (``actions``), the state it frees and the models it keeps."""
 
     actions: list[Action] = field(default_factory=list)
-    stale: dict[int, tuple[str, Any]] = field(default_factory=dict)
-    kept: dict[int, tuple[str, Any]] = field(default_factory=dict)
-    held: frozenset[int] = frozenset()  # every model reachable from a kept name, any depth
+    stale: dict[int, tuple[str, Any]] = field(default_factory=dict)  # all stale state
+    kept: dict[int, tuple[str, Any]] = field(default_factory=dict)  # models kept (for reports)
+    held: frozenset[int] = frozenset()  # every piece of state reachable from a kept name
     shared: frozenset[int] = frozenset()  # every object reachable from a kept name
     complete: bool = True  # False: kept names too large to walk; cut no container
     notes: list[str] = field(default_factory=list)
+    types: StateTypes | None = None
+    roots: list[Any] = field(default_factory=list)  # the kept state whose ownership counts
+    _owned: Owned | None = None
+
+    def keeps(self, obj: Any) -> bool:
+        """Return whether a kept name holds ``obj``, or kept state owns it (a shared layer)."""
+        if id(obj) in self.held:
+            return True
+        kind = None if self.types is None else self.types.kind(type(obj))
+        if self.types is None or kind in (None, "model", "callback"):
+            return False
+        if self._owned is None:  # read through Keras only when a candidate needs it
+            self._owned = owned(self.roots, self.types)
+        return self._owned.holds(obj, kind)
+
+    def models(self) -> int:
+        """Return how many stale objects are models."""
+        types = self.types
+        return sum(1 for _, o in self.stale.values() if types and types.kind(type(o)) == "model")
 
 
 def _stale(plan: Plan, found: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """Keep the models of ``found`` that no kept name holds: only those are worth a cut."""
-    return [(path, model) for path, model in found if id(model) not in plan.held]
+    """Keep the state of ``found`` that nothing kept holds: only that is worth a cut."""
+    return [(path, obj) for path, obj in found if not plan.keeps(obj)]
 
 
-def _models_in(
-    obj: Any, path: str, types: tuple[type, ...], cbs: tuple[type, ...], depth: int = 2
-) -> list[tuple[str, Any]]:
-    return [(p, o) for p, o in walk(path, obj, cbs, max_depth=depth) if is_a(o, types)]
+def _state_in(obj: Any, path: str, types: tuple[type, ...], depth: int = 2) -> list[Any]:
+    return [(p, o) for p, o in walk(path, obj, (), max_depth=depth) if is_a(o, types)]
+
+
+def _label(path: str, obj: Any, plan: Plan) -> str:
+    """Name a dropped object: a model by its path, other state with what it held."""
+    kind = plan.types.kind(type(obj)) if plan.types else None
+    if kind in (None, "model"):
+        return path
+    return f"{path} ({held_by(obj, kind).describe()})"
 
 
 def _release_names(
@@ -70,67 +93,60 @@ def _release_names(
 ) -> None:
     for name in names:
         value = ns.get(name)
-        models = list(models_under(name, value, types))
-        found = _stale(plan, models)
-        for path, model in models:  # also held under a kept name, at any depth: it stays
-            if id(model) in plan.held and id(model) not in plan.kept:
-                plan.kept[id(model)] = (f"{path} (also held by a kept name)", model)
+        found_all = list(models_under(name, value, types))
+        found = _stale(plan, found_all)
+        for path, obj in found_all:  # also held under a kept name, at any depth: it stays
+            if plan.types and plan.types.kind(type(obj)) == "model" and plan.keeps(obj):
+                plan.kept.setdefault(id(obj), (f"{path} (also held by a kept name)", obj))
         if not found:
             continue
         if is_a(value, types):
-            plan.actions.append((name, unbind(ns, name)))
+            plan.actions.append((_label(name, value, plan), unbind(ns, name)))
         elif not plan.complete:
-            plan.notes.append(f"kept names too large to scan: models inside {name} not cut")
+            plan.notes.append(f"kept names too large to scan: model state inside {name} not cut")
             continue
         else:
+            more = f" (+{len(found) - 1})" if len(found) > 1 else ""
             plan.actions.append(
-                (
-                    f"{found[0][0]}" + (f" (+{len(found) - 1})" if len(found) > 1 else ""),
-                    strip_binding(ns, name, types, plan.shared),
-                )
+                (f"{found[0][0]}{more}", strip_binding(ns, name, types, plan.shared))
             )
-        plan.stale.update((id(m), (p, m)) for p, m in found)
+        plan.stale.update((id(o), (p, o)) for p, o in found)
 
 
 def _release_output_cache(
-    plan: Plan, ns: MutableMapping[str, Any], types: tuple[type, ...], cbs: tuple[type, ...]
+    plan: Plan, ns: MutableMapping[str, Any], types: tuple[type, ...]
 ) -> None:
     out = ns.get("Out")
     if isinstance(out, dict):
         for key, value in list(out.items()):
-            found = _stale(plan, _models_in(value, f"Out[{key}]", types, ()))
+            found = _stale(plan, _state_in(value, f"Out[{key}]", types))
             if found:
-                plan.stale.update((id(m), (p, m)) for p, m in found)
+                plan.stale.update((id(o), (p, o)) for p, o in found)
                 plan.actions.append((f"Out[{key}]", forget_output(ns, out, key)))
     for name in ("_", "__", "___"):
-        found = _stale(plan, _models_in(ns.get(name), name, types, ()))
+        found = _stale(plan, _state_in(ns.get(name), name, types))
         if found:
-            plan.stale.update((id(m), (p, m)) for p, m in found)
+            plan.stale.update((id(o), (p, o)) for p, o in found)
             plan.actions.append((name, set_item(ns, name, "")))
 
 
 def _release_tracebacks(plan: Plan, ns: MutableMapping[str, Any], types: tuple[type, ...]) -> None:
     for label, tb in stored_tracebacks():
         found = [
-            m
-            for path, value in frame_locals(label, tb, ns)
-            for m in _models_in(value, path, types, ())
+            o for path, value in frame_locals(label, tb, ns) for o in _state_in(value, path, types)
         ]
         found = _stale(plan, found)
         if found:
-            plan.stale.update((id(m), (p, m)) for p, m in found)
+            plan.stale.update((id(o), (p, o)) for p, o in found)
             plan.actions.append((label, clear_frames_of(tb)))
 
 
 def _cut_callback_links(
-    plan: Plan,
-    ns: MutableMapping[str, Any],
-    types: tuple[type, ...],
-    cbs: tuple[type, ...],
-    deeper: Iterable[tuple[str, Any]],
+    plan: Plan, ns: MutableMapping[str, Any], types: StateTypes, deeper: Iterable[tuple[str, Any]]
 ) -> None:
     """Cut callbacks' links to models nothing kept holds, at any depth of the namespace."""
     seen: set[int] = set()  # one callback under many names (Out[7], _, _7): its first path
+    cbs = types.callbacks
 
     def first(pairs: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
         out = []
@@ -146,9 +162,9 @@ def _cut_callback_links(
         for path, obj in walk(name, ns.get(name), cbs)
         if is_a(obj, cbs)
     )
-    for label, obj in near + callback_labels(ns, first(deeper), types, cbs):
+    for label, obj in near + callback_labels(ns, first(deeper), types.models, cbs):
         model = callback_model(obj)
-        if not is_a(model, types) or id(model) in plan.held:
+        if not is_a(model, types.models) or id(model) in plan.held:
             continue
         plan.stale[id(model)] = (label, model)
         plan.actions.append((label, cut_link(obj)))
@@ -158,18 +174,23 @@ def _release_shell(plan: Plan, shell: Any, types: tuple[type, ...]) -> None:
     """IPython keeps its own references: the display hook's ``_``s and the last result."""
     hook = getattr(shell, "displayhook", None)
     for name in ("_", "__", "___"):
-        if _stale(plan, _models_in(getattr(hook, name, None), name, types, ())):
+        if _stale(plan, _state_in(getattr(hook, name, None), name, types)):
             plan.actions.append((f"displayhook.{name}", set_attr(hook, name, "")))
     hidden = getattr(shell, "user_ns_hidden", None)  # push(interactive=False) copies _, _N here
     if isinstance(hidden, dict):
         for name, value in list(hidden.items()):
-            if re.fullmatch(r"_+|_\d+", name) and _stale(plan, _models_in(value, name, types, ())):
+            if re.fullmatch(r"_+|_\d+", name) and _stale(plan, _state_in(value, name, types)):
                 plan.actions.append((f"displayhook.{name}", set_item(hidden, name, "")))
     last = getattr(shell, "last_execution_result", None)
-    found = _stale(plan, _models_in(getattr(last, "result", None), "last result", types, ()))
+    found = _stale(plan, _state_in(getattr(last, "result", None), "last result", types))
     if found:
-        plan.stale.update((id(m), (p, m)) for p, m in found)
+        plan.stale.update((id(o), (p, o)) for p, o in found)
         plan.actions.append(("last result", set_attr(last, "result", None)))
+
+
+def droppable(types: StateTypes) -> tuple[type, ...]:
+    """Return the classes of state a cleanup drops: all but callbacks (whose link is cut)."""
+    return tuple(c for kind, classes in types.by_kind if kind != "callback" for c in classes)
 
 
 def plan_cleanup(
@@ -180,26 +201,32 @@ def plan_cleanup(
     drop_all: bool = False,
     shell: Any | None = None,
 ) -> Plan:
-    """Plan the release of stale models in ``ns`` (see the module docstring)."""
-    plan = Plan()
-    types, cbs = model_types(), callback_types()
-    if types:
-        users = [name for name in list(ns) if is_user_name(name)]
-        release = (set(users) if drop_all else set(rebinding) & set(ns)) - set(keep)
-        kept_names = [name for name in users if name not in release]
-        for name in kept_names:
-            plan.kept.update((id(m), (p, m)) for p, m in _models_in(ns.get(name), name, types, ()))
-        reach = reachable(((n, ns[n]) for n in kept_names if n in ns), types, cbs, skip=(ns,))
-        plan.held = reach.models | frozenset(plan.kept)
-        plan.shared = reach.objects
-        plan.complete = reach.complete
-        released = reachable(((n, ns[n]) for n in sorted(release) if n in ns), types, cbs, (ns,))
-        _release_names(plan, ns, sorted(release), types)
-        _release_output_cache(plan, ns, types, cbs)
-        _release_tracebacks(plan, ns, types)
-        if shell is not None:
-            _release_shell(plan, shell, types)
-        _cut_callback_links(plan, ns, types, cbs, reach.callbacks + released.callbacks)
-        for key in plan.held:
-            plan.stale.pop(key, None)
+    """Plan the release of stale model state in ``ns`` (see the module docstring)."""
+    types = state_types()
+    plan = Plan(types=types)
+    if not types.models:
+        return plan
+    state = droppable(types)
+    users = [name for name in list(ns) if is_user_name(name)]
+    release = (set(users) if drop_all else set(rebinding) & set(ns)) - set(keep)
+    kept_names = [name for name in users if name not in release]
+    for name in kept_names:
+        found = _state_in(ns.get(name), name, types.models)
+        plan.kept.update((id(m), (p, m)) for p, m in found)
+    kept_roots = ((n, ns[n]) for n in kept_names if n in ns)
+    reach = reachable(kept_roots, types.all, types.callbacks, skip=(ns,))
+    plan.held = reach.models | frozenset(plan.kept)
+    plan.roots = [obj for obj in reach.found if types.kind(type(obj)) != "callback"]
+    plan.shared = reach.objects
+    plan.complete = reach.complete
+    released_roots = ((n, ns[n]) for n in sorted(release) if n in ns)
+    released = reachable(released_roots, types.models, types.callbacks, (ns,))
+    _release_names(plan, ns, sorted(release), state)
+    _release_output_cache(plan, ns, state)
+    _release_tracebacks(plan, ns, state)
+    if shell is not None:
+        _release_shell(plan, shell, state)
+    _cut_callback_links(plan, ns, types, reach.callbacks + released.callbacks)
+    for key in plan.held:
+        plan.stale.pop(key, None)
     return plan

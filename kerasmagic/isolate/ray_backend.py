@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import site
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +18,7 @@ from typing import Any
 from kerasmagic.isolate._child import call, error_info, isolation_env
 from kerasmagic.isolate.outcome import Outcome, Trial
 from kerasmagic.isolate.sweep import Call, Progress, as_trial
+from kerasmagic.origin import user_module
 
 
 def _trial(blob: bytes, env: dict[str, str]) -> tuple[int, bytes]:
@@ -48,10 +48,9 @@ def _pickled(fn: Callable[..., Any], calls: Sequence[Call]) -> list[bytes]:
     """
     import cloudpickle
 
-    module = sys.modules.get(getattr(fn, "__module__", "") or "")
-    path = getattr(module, "__file__", None) or ""
-    installed = not path or any(path.startswith(p) for p in (*site.getsitepackages(), sys.prefix))
-    if module is None or installed or module.__name__ == "__main__":
+    name = getattr(fn, "__module__", "") or ""
+    module = sys.modules.get(name)
+    if module is None or name == "__main__" or not user_module(name):
         return [cloudpickle.dumps((fn, args, kwargs)) for args, kwargs in calls]
     cloudpickle.register_pickle_by_value(module)
     try:

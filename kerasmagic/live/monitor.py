@@ -22,7 +22,7 @@ from traitlets.config import Configurable
 from kerasmagic.backends import keras_backend, read_active
 from kerasmagic.backends.tensorflow import info as tensorflow_info
 from kerasmagic.backends.tensorflow.graph import custom_gradient_count, function_count
-from kerasmagic.cleanup.interrupts import (
+from kerasmagic.interrupts.held import (
     held_interrupts,
     interrupt_finished_cell,
     interrupt_next_cell,

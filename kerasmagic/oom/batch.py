@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kerasmagic.oom.detect import find_oom
-from kerasmagic.views.render import fmt_bytes
+from kerasmagic.units import fmt_bytes
 
 PROBES = (16, 64)  # the two small batch sizes measured
 TRIES = 10  # measured steps after the two probes, at most (doubling from 64: 4096 by 6)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kerasmagic.oom.detect import OomError
-from kerasmagic.views.render import fmt_bytes
+from kerasmagic.units import fmt_bytes
 
 if TYPE_CHECKING:
     from kerasmagic.cleanup.holders import LiveModel

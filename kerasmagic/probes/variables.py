@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from kerasmagic.probes.keras_state import items_of, scan_order
+from kerasmagic.walk.children import items_of
+from kerasmagic.walk.names import scan_order
 
 ITEMS_SIZED = 10_000  # items of one list/dict summed before the rest is extrapolated
 

@@ -12,7 +12,8 @@ from IPython.display import Image, display
 
 from kerasmagic.live import CellRecord, LiveMonitor, get_monitor
 from kerasmagic.live.leak import LeakVerdict
-from kerasmagic.views.render import Table, fmt_bytes
+from kerasmagic.units import fmt_bytes
+from kerasmagic.views.render import Table
 
 PLOT_MISSING = "kerasmagic: --plot needs matplotlib: pip install 'kerasmagic[plot]'"
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from kerasmagic.backends import LABELS, NAMES, BackendDevice, BackendInfo, unsupported
 from kerasmagic.snapshot import MemorySnapshot
+from kerasmagic.units import fmt_bytes
 
 if TYPE_CHECKING:
     from kerasmagic.cleanup import CleanupReport
@@ -15,18 +16,6 @@ if TYPE_CHECKING:
     from kerasmagic.probes.variables import Variable
 
 Row = tuple[str, str]
-
-
-def fmt_bytes(n: int | None) -> str:
-    """Return ``n`` bytes as a short human figure (``1.2 GB``); ``n/a`` for None."""
-    if n is None:
-        return "n/a"
-    sign, value = ("-" if n < 0 else ""), float(abs(n))
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if value < 1024 or unit == "TB":
-            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _gpu_rows(snap: MemorySnapshot) -> list[Row]:

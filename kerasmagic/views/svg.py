@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from kerasmagic.views.render import fmt_bytes
+from kerasmagic.units import fmt_bytes
 
 WIDTH, HEIGHT = 300, 40
 # JupyterLab theme variables, so light, dark and high-contrast themes work; the fallbacks serve

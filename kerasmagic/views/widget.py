@@ -17,7 +17,7 @@ from traitlets import Bool, Int, List, Unicode
 from kerasmagic.live import CellRecord, LiveMonitor
 from kerasmagic.live.leak import LeakVerdict
 from kerasmagic.snapshot import MemorySnapshot
-from kerasmagic.views.render import fmt_bytes
+from kerasmagic.units import fmt_bytes
 from kerasmagic.views.svg import bar_html, sparkline_svg
 
 SPARK_CELLS = 50

@@ -9,11 +9,14 @@ The TensorFlow internals live beside this module: ``alloc`` (allocator per devic
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from kerasmagic.backends import Backend, BackendDevice, BackendInfo, keras_backend
+from kerasmagic.backends.tensorflow import stack
 from kerasmagic.backends.tensorflow.alloc import TfInfo, read_tf, tf_context
 from kerasmagic.backends.tensorflow.alloc import reset_tf_peaks as reset_peaks
 from kerasmagic.backends.tensorflow.graph import GraphInfo, read_graph
+from kerasmagic.backends.tensorflow.purge import purge_custom_gradients
 
 
 def in_use() -> bool:
@@ -44,7 +47,9 @@ def read() -> BackendInfo:
 
 
 def reset() -> list[str]:
-    """Reset TF's default graph unless Keras's ``clear_session`` (TF or tf-keras) just did."""
+    """Forget the string op traces (they name old cells' frames); reset TF's default graph
+    unless Keras's ``clear_session`` (TF or tf-keras) just did."""
+    stack.clear_cache()
     if keras_backend() == "tensorflow":
         return []
     try:
@@ -54,6 +59,14 @@ def reset() -> list[str]:
     return ["tensorflow.reset_default_graph"]
 
 
+def collect(run: Callable[[], object]) -> list[str]:
+    """Run the collection with the gradient registry's entries parked, so the entries of the
+    graphs that go with it go too; say how many went, or why none could."""
+    result = purge_custom_gradients(run)
+    said = [f"purged {result.dropped} custom gradients"] if result.dropped else []
+    return said + ([result.message] if result.message else [])
+
+
 def configure(growth: bool, limit_mb: int | None) -> str:
     """Memory growth or a cap per GPU, before TensorFlow starts its devices."""
     from kerasmagic.backends.tensorflow.config import configure_tensorflow
@@ -61,4 +74,4 @@ def configure(growth: bool, limit_mb: int | None) -> str:
     return configure_tensorflow(growth, limit_mb)
 
 
-BACKEND = Backend("tensorflow", in_use, read, reset, configure, reset_peaks)
+BACKEND = Backend("tensorflow", in_use, read, reset, configure, reset_peaks, collect=collect)

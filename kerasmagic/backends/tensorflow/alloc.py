@@ -94,13 +94,6 @@ def read_tf() -> TfInfo:
     return TfInfo(imported=True, initialized=True, devices=tuple(devices))
 
 
-def reset_peaks() -> list[str]:
-    """Reset the peak counters of every backend in use (TF, PyTorch); return the devices reset."""
-    from kerasmagic.backends import reset_peaks_active
-
-    return reset_tf_peaks() + reset_peaks_active(skip=("tensorflow",))
-
-
 def reset_tf_peaks() -> list[str]:
     """Reset TensorFlow's peak counter on every device that keeps one; return those reset."""
     if not runtime_initialized():

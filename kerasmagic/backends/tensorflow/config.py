@@ -1,5 +1,4 @@
-"""GPU memory settings that only work before a backend starts its devices (TF here; JAX and
-PyTorch in ``kerasmagic.backends``)."""
+"""TensorFlow's GPU memory settings, which only work before it starts its devices."""
 
 from __future__ import annotations
 
@@ -11,16 +10,6 @@ TOO_LATE = (
     "too late: TensorFlow has already initialised its GPUs in this kernel. Restart the kernel "
     "and run this first (or set TF_FORCE_GPU_ALLOW_GROWTH=true before importing TensorFlow)."
 )
-
-
-def configure_gpus(growth: bool = False, limit_mb: int | None = None) -> str:
-    """Turn on memory growth and/or cap each GPU at ``limit_mb`` for the backend Keras runs (or
-    will run) on: TensorFlow, JAX or PyTorch; return what happened in one line."""
-    if limit_mb is not None and limit_mb <= 0:
-        raise ValueError("the memory limit must be a positive number of MB")
-    from kerasmagic.backends import configure
-
-    return configure(growth, limit_mb)
 
 
 def configure_tensorflow(growth: bool = False, limit_mb: int | None = None) -> str:

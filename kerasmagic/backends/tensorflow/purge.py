@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import gc
 import sys
+import types as pytypes
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from kerasmagic.backends.tensorflow.graph import CUSTOM_GRADIENT_PREFIX, gradient_registry
+from kerasmagic.walk.children import items_of
 
 _PARKED = "_kerasmagic_parked_gradients"  # attribute on a graph: {name: registry entry}
 _SEARCH_DEPTH = 4
@@ -37,29 +39,29 @@ class PurgeResult:
 
 
 def _objects_in(obj: Any, depth: int) -> Iterator[Any]:
-    """Yield objects reachable from a function through closures and containers."""
+    """Yield what a gradient function holds through closures and containers (no user code)."""
     yield obj
     if depth <= 0:
         return
-    if callable(obj) and getattr(obj, "__closure__", None):
-        for cell in obj.__closure__:
+    if type(obj) is pytypes.FunctionType:
+        for cell in obj.__closure__ or ():
             try:
                 content = cell.cell_contents
             except ValueError:  # empty cell
                 continue
             yield from _objects_in(content, depth - 1)
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from _objects_in(item, depth - 1)
-    elif isinstance(obj, dict):
-        for item in obj.values():
+    else:
+        for _, item in items_of(obj) or ():
             yield from _objects_in(item, depth - 1)
 
 
 def _graphs_of(grad_fn: Any, graph_type: type) -> list[Any]:
-    """Return the graphs whose tensors a registered gradient function closes over."""
+    """Return the graphs whose tensors or ops a registered gradient function closes over."""
+    graph_of = _graph_holders()
     graphs: dict[int, Any] = {}
     for obj in _objects_in(grad_fn, _SEARCH_DEPTH):
+        if not graph_of or not issubclass(type(obj), graph_of):
+            continue  # only TensorFlow's own tensors and ops are asked for their graph
         try:
             graph = obj.graph
         except Exception:
@@ -67,6 +69,18 @@ def _graphs_of(grad_fn: Any, graph_type: type) -> list[Any]:
         if isinstance(graph, graph_type):
             graphs[id(graph)] = graph
     return list(graphs.values())
+
+
+def _graph_holders() -> tuple[type, ...]:
+    """Return TensorFlow's tensor and op classes (what has a ``.graph``), if imported."""
+    ops = sys.modules.get("tensorflow.python.framework.ops")
+    tensor = sys.modules.get("tensorflow.python.framework.tensor")
+    kinds = (
+        getattr(tensor, "Tensor", None),
+        getattr(ops, "Tensor", None),
+        getattr(ops, "Operation", None),
+    )
+    return tuple(k for k in kinds if isinstance(k, type))
 
 
 def _park(entries: dict[str, Any], name: str, graph_type: type) -> list[weakref.ref[Any]] | None:

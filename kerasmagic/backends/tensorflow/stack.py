@@ -24,6 +24,7 @@ empties the tree; it also resets itself past ``tracetree.MAX_NODES`` frames.
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from collections.abc import Callable
@@ -40,6 +41,8 @@ _map_files: dict[int, tuple[Any, frozenset[str]]] = {}
 _own: dict[str, bool] = {}  # file -> whether it is TensorFlow's own (not recorded)
 _lock = threading.RLock()  # re-entrant: a finalizer run inside a capture may create an op
 _NO_FILES: frozenset[str] = frozenset()
+_failed: list[bool] = []  # the capture failed once: said once, TensorFlow's own used since
+log = logging.getLogger(__name__)
 
 
 def _modules() -> tuple[Any, Any] | None:
@@ -137,16 +140,30 @@ def _mapped_files(source_map: Any) -> Any:
     return files
 
 
-def _make_extract_stack(tf_stack: Any, native: Any) -> Callable[..., Any]:
+def _make_extract_stack(
+    tf_stack: Any, native: Any, original: Callable[..., Any]
+) -> Callable[..., Any]:
     mappers, filters = tf_stack._source_mapper_stacks, tf_stack._source_filter_stacks
     load, ident = native.LoadTracesFromDebugInfo, threading.get_ident
 
     def extract_stack(stacklevel: int = 1) -> Any:
+        try:
+            return capture(stacklevel + 1)
+        except Exception:  # never break model building: TensorFlow's own capture instead
+            if not _failed:
+                _failed.append(True)
+                log.warning(
+                    "kerasmagic: string op stack traces failed; TensorFlow's own are used",
+                    exc_info=True,
+                )
+            return original(stacklevel + 1)  # + this frame
+
+    def capture(stacklevel: int) -> Any:
         thread = ident()
         source_map = mappers[thread][-1].get_effective_source_map()
         filtered = filters[thread][-1].get_filtered_filenames()
-        # TensorFlow's own capture starts in its extract_stack; ours is not on the stack.
-        caller, drop = sys._getframe(1), max(stacklevel - 1, 0)
+        # TensorFlow's own capture starts in its extract_stack; ours is two frames deep.
+        caller, drop = sys._getframe(2), max(stacklevel - 2, 0)
         kept: list[Any] = []
 
         def frames(positions: list[int]) -> list[tuple[str, int, str]]:
@@ -191,7 +208,7 @@ def install() -> str | None:
         return "TensorFlow's tf_stack internals not found; op stack traces left as they are"
     tf_stack, native = found
     _original = tf_stack.extract_stack
-    tf_stack.extract_stack = _make_extract_stack(tf_stack, native)
+    tf_stack.extract_stack = _make_extract_stack(tf_stack, native, _original)
     return None
 
 

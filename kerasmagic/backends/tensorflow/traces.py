@@ -14,18 +14,16 @@ the traces it keeps and the remedy.
 
 from __future__ import annotations
 
-import gc
 import sys
 import types as pytypes
-from collections.abc import Iterable, Iterator, Mapping
-from itertools import islice
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kerasmagic.probes.keras_state import MAX_ITEMS, is_user_name
+from kerasmagic.walk.children import attributes, function_refs, items_of
+from kerasmagic.walk.names import is_user_name
 
 _FUNCTION = "tensorflow.python.eager.polymorphic_function.polymorphic_function"
 _CACHE = "tensorflow.core.function.polymorphism.function_cache"
-_CONTAINERS = (list, tuple, set, frozenset)
 _LOCK_TIMEOUT_S = 0.5
 
 
@@ -38,35 +36,11 @@ def _tf_types() -> tuple[type, type] | None:
     return None
 
 
-def _children(value: Any) -> Iterator[tuple[str, Any]]:
-    """Yield (suffix, item) one level into a container or an instance, never calling its code."""
-    kind = type(value)
-    if kind is dict:
-        for key, item in islice(dict.items(value), MAX_ITEMS):
-            yield f"[{_label(key)}]", item
-    elif kind in _CONTAINERS:
-        for i, item in enumerate(islice(value, MAX_ITEMS)):
-            yield f"[{i}]", item
-    elif kind is pytypes.FunctionType:  # the tf.functions a user function calls or closes over
-        for name in islice(value.__code__.co_names, MAX_ITEMS):
-            if name in value.__globals__:
-                yield f"→{name}", value.__globals__[name]
-        for cell in value.__closure__ or ():
-            try:
-                content = cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-            yield "→<closure>", content
-    elif not issubclass(kind, (type, pytypes.ModuleType)):
-        for ref in gc.get_referents(value):  # the instance's __dict__, read as the gc sees it
-            if type(ref) is dict:
-                for key, item in islice(dict.items(ref), MAX_ITEMS):
-                    yield (f".{key}" if type(key) is str else f"[{_label(key)}]"), item
-
-
-def _label(key: Any) -> str:
-    """Return a path part for a key without calling user code (no ``repr`` of odd keys)."""
-    return repr(key) if type(key) in (str, int, float, bool) else f"<{type(key).__name__}>"
+def _children(value: Any) -> list[tuple[str, Any]]:
+    """Return (suffix, item) one level into a container, an instance or a function."""
+    if type(value) is pytypes.FunctionType:  # the tf.functions it calls or closes over
+        return function_refs(value)
+    return items_of(value) or attributes(value)
 
 
 def find_functions(ns: Mapping[str, Any], function_type: type) -> list[tuple[str, Any]]:

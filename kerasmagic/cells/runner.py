@@ -2,8 +2,9 @@
 
 Code IPython compiles around every ``%%fresh_model`` call is new each time, and TensorFlow's
 eager runtime keeps the innermost ~25 Python frames of ops keyed by code object (see
-``cellcode``). So a cell runs below a fixed stack of padding frames that pushes IPython's fresh
-frames out of the captured window. A cell that awaits at top level runs on the shell's loop.
+``cells.compiler``). So a cell runs below a fixed stack of padding frames that pushes
+IPython's fresh frames out of the captured window. A cell that awaits at top level runs on
+the shell's loop.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable, Coroutine
 from types import CodeType
 from typing import Any
 
-from kerasmagic.cleanup.cellcode import CompiledCell
+from kerasmagic.cells.compiler import CompiledCell
 
 PADDING_FRAMES = 32  # deeper than the frames TensorFlow captures from an eager op
 

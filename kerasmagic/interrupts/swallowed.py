@@ -25,9 +25,10 @@ from __future__ import annotations
 import dis
 import linecache
 import sys
-import sysconfig
 from types import CodeType, FrameType
 from typing import Any
+
+from kerasmagic.origin import library_file
 
 _RETURNS = {dis.opmap[n] for n in ("RETURN_VALUE", "RETURN_CONST") if n in dis.opmap}
 # Python checks for signals after these (calls return, loops jump back): safe to raise next.
@@ -47,21 +48,12 @@ _DELIVERY = {
 }
 _HANDLER_ENTRY = dis.opmap.get("PUSH_EXC_INFO", -1)  # 3.11+: exception not yet in exc_info
 _YIELD = dis.opmap["YIELD_VALUE"]
-_STDLIB = sysconfig.get_paths()["stdlib"]
 MAX_RAISES = 20  # a library retrying in a loop around a bare except: give up, never hang
 
 
 def is_library(code: CodeType) -> bool:
     """Return whether ``code`` belongs to an installed package or the standard library."""
-    name = code.co_filename
-    if name.startswith("<ipython-input-"):
-        return False  # a terminal IPython cell
-    return (
-        name.startswith("<")
-        or name.startswith(_STDLIB)
-        or "site-packages" in name
-        or "dist-packages" in name
-    )
+    return library_file(code.co_filename)
 
 
 def _names_interrupt(frame: FrameType) -> bool:

@@ -26,8 +26,8 @@ import threading
 from types import CodeType, FrameType
 from typing import Any
 
-from kerasmagic.cleanup.interrupts import interrupt_finished_cell
-from kerasmagic.cleanup.swallowed import InterruptWatch
+from kerasmagic.interrupts.held import interrupt_finished_cell
+from kerasmagic.interrupts.swallowed import InterruptWatch
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from kerasmagic.cleanup.swallowed import following
+from kerasmagic.interrupts.swallowed import following
 
 
 class RaiseInFrame:

@@ -1,4 +1,4 @@
-"""Compile a ``%%fresh_model`` cell as IPython compiles a plain cell (``cellrun`` runs it).
+"""Compile a ``%%fresh_model`` cell as IPython compiles a plain cell (``cells.runner`` runs it).
 
 TensorFlow's eager runtime records the innermost ~25 Python frames of ops in a C++ map keyed by
 code objects and never empties it. A re-run cell compiled afresh is a new key: ~0.3 MB per
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
-from kerasmagic.cleanup.cellparse import Rebinding, assigned_in, rebinding_in
+from kerasmagic.cells.parse import Rebinding, assigned_in, rebinding_in
 
 MAX_CELLS = 256
 
@@ -31,13 +31,13 @@ class CompiledCell:
     body: CodeType
     last: CodeType | None
     filename: str
-    rebinding: Rebinding  # see kerasmagic.cleanup.cellparse for the rule
+    rebinding: Rebinding  # see kerasmagic.cells.parse for the rule
     assigned: frozenset[str]
     silenced: bool  # the last expression ends with ";": show no Out, as in a plain cell
 
     @property
     def rebound(self) -> frozenset[str]:
-        """Return the names the cell's own code rebinds (``globalreads`` may keep some)."""
+        """Return the names the cell's own code rebinds (``cells.reads`` may keep some)."""
         return self.rebinding.names
 
     @property

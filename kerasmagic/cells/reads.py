@@ -25,8 +25,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
 from typing import Any
 
-from kerasmagic.cleanup.cellparse import Rebinding
-from kerasmagic.probes.keras_state import model_types, module_dicts, user_class
+from kerasmagic.cells.parse import Rebinding
+from kerasmagic.walk.children import module_dicts
+from kerasmagic.walk.state import model_types, user_class
 
 MAX_VISITS = 50_000  # objects looked at per cell; past this the undecided names are kept
 MAX_ITEMS = 256  # items of one container looked at

@@ -11,7 +11,7 @@ use of the name anywhere earlier in program order: in a condition, a loop header
 ``lambda``, comprehension or class body, or earlier in the same loop body. A function from an
 earlier cell that the cell calls (or uses) before the assignment reads what its code reads
 (and a ``%magic`` or ``!command`` line reads every name it mentions):
-``globalreads`` resolves that against the namespace when the cell runs.
+``cells.reads`` resolves that against the namespace when the cell runs.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class _Scan:
 
 @dataclass(frozen=True)
 class Rebinding:
-    """The names a cell rebinds, and what it reads before each (for ``globalreads``)."""
+    """The names a cell rebinds, and what it reads before each (for ``cells.reads``)."""
 
     names: frozenset[str]
     read_order: tuple[str, ...] = ()  # every name the cell reads, in the order first read

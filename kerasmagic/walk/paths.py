@@ -11,10 +11,8 @@ import types as pytypes
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kerasmagic.probes.keras_state import callback_model, is_a, items_of, user_attrs
-
-MAX_DEPTH = 12
-MAX_VISITS = 200_000  # a search that finds nothing gives up here (its caller says "a ... in")
+from kerasmagic.walk.children import PATH_DEPTH, PATH_VISITS, contents
+from kerasmagic.walk.state import callback_model, is_a
 
 
 def _children(obj: Any, callbacks: tuple[type, ...]) -> list[tuple[str, Any]]:
@@ -23,10 +21,7 @@ def _children(obj: Any, callbacks: tuple[type, ...]) -> list[tuple[str, Any]]:
     if is_a(obj, callbacks):
         model = callback_model(obj)
         return [] if model is None else [(".model", model)]
-    attrs = user_attrs(obj)
-    if attrs is not None:
-        return [(f".{key}", value) for key, value in attrs.items()]
-    return items_of(obj) or []
+    return contents(obj)
 
 
 def paths_to(
@@ -37,7 +32,7 @@ def paths_to(
 ) -> dict[int, str]:
     """Return ``{id: path}`` for each of ``targets`` found from the ``(name, value)`` roots.
 
-    The walk does not go into models (their insides are theirs) nor past ``MAX_DEPTH``.
+    The walk does not go into models (their insides are theirs) nor past ``PATH_DEPTH``.
     """
     found: dict[int, str] = {}
     seen: set[int] = set()
@@ -48,11 +43,11 @@ def paths_to(
             if id(obj) in seen:
                 continue
             seen.add(id(obj))
-            if len(seen) > MAX_VISITS:
+            if len(seen) > PATH_VISITS:
                 return found
             if id(obj) in targets:
                 found[id(obj)] = path
-            if depth >= MAX_DEPTH or is_a(obj, models):
+            if depth >= PATH_DEPTH or is_a(obj, models):
                 continue
             stack.extend(
                 (path + suffix, child, depth + 1)

@@ -13,44 +13,28 @@ from __future__ import annotations
 
 import gc
 import sys
-import types as pytypes
-import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kerasmagic.probes.keras_state import object_array_items
-
-SMALL_ARRAY = 10_000  # object arrays up to this size are walked item by item
-MAX_VISITS = 2_000_000  # objects looked at; past this the walk is incomplete (see `complete`)
-
-OPAQUE: tuple[type, ...] = (
-    type,
-    pytypes.ModuleType,
-    pytypes.FunctionType,
-    pytypes.BuiltinFunctionType,
-    pytypes.MethodType,
-    pytypes.FrameType,
-    pytypes.CodeType,
-    pytypes.TracebackType,
-    weakref.ref,
-    weakref.ProxyType,
-    weakref.CallableProxyType,
-)
+from kerasmagic.walk.children import OPAQUE, REACH_VISITS, SMALL_ARRAY, object_array_items
 
 
 @dataclass(frozen=True)
 class Reach:
-    """Ids of models (and of every object) found from the roots; whether the walk finished.
+    """Ids of the model state (and of every object) found from the roots; whether the walk
+    finished.
 
-    ``callbacks`` holds each callback met (``History`` and the like), at any depth, with the
-    label of the root it was found from.
+    ``models`` holds the ids of the state objects found (the walk stops at them: their insides
+    are theirs) and ``found`` the objects; ``callbacks`` each callback met (``History`` and the
+    like), at any depth, with the label of the root it was found from.
     """
 
     models: frozenset[int]
     objects: frozenset[int]
     complete: bool
     callbacks: tuple[tuple[str, Any], ...] = ()
+    found: tuple[Any, ...] = ()
 
 
 def reachable(
@@ -58,11 +42,15 @@ def reachable(
     models: tuple[type, ...],
     callbacks: tuple[type, ...] = (),
     skip: Iterable[Any] = (),
-    max_visits: int = MAX_VISITS,
+    max_visits: int = REACH_VISITS,
 ) -> Reach:
-    """Return what is reachable from the ``(label, root)`` pairs (see the module docstring)."""
+    """Return what is reachable from the ``(label, root)`` pairs (see the module docstring).
+
+    ``models`` are the classes the walk stops at (models, or all model state); a callback is
+    met, not stopped at, even when its class is among them.
+    """
     seen: set[int] = {id(obj) for obj in skip}
-    found: set[int] = set()
+    found: dict[int, Any] = {}
     met: list[tuple[str, Any]] = []
     visits = 0
     tracked, referents = gc.is_tracked, gc.get_referents  # the loop runs per object
@@ -79,12 +67,12 @@ def reachable(
                 seen.add(key)
                 visits += 1
                 if visits > max_visits:
-                    return Reach(frozenset(found), frozenset(seen), False, tuple(met))
+                    return _result(found, seen, False, met)
                 kind = type(obj)
-                if models and issubclass(kind, models):
-                    found.add(key)
-                elif callbacks and issubclass(kind, callbacks):
+                if callbacks and issubclass(kind, callbacks):
                     met.append((label, obj))
+                elif models and issubclass(kind, models):
+                    found[key] = obj
                 elif tracked(obj) and not issubclass(kind, OPAQUE):
                     expand.append(obj)
                 elif arrays and kind in arrays:
@@ -97,7 +85,11 @@ def reachable(
             if arrays and not arrays.isdisjoint(map(type, refs)):
                 deeper.extend(ref for ref in refs if type(ref) in arrays)
             level = deeper
-    return Reach(frozenset(found), frozenset(seen), True, tuple(met))
+    return _result(found, seen, True, met)
+
+
+def _result(found: dict[int, Any], seen: set[int], complete: bool, met: list[Any]) -> Reach:
+    return Reach(frozenset(found), frozenset(seen), complete, tuple(met), tuple(found.values()))
 
 
 def _array_types() -> frozenset[type]:

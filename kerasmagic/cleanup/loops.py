@@ -1,0 +1,157 @@
+"""Loops need no cleanup code: between two models of one cell, free the previous ones.
+
+A K-fold or search loop written plainly (``for fold in folds: model = build(); model.fit()``)
+keeps every fold's model in TensorFlow's memory: its traced training graph stays in TF's
+gradient registry (and, for a ``tf.function`` train step from an earlier cell, in that
+function's trace cache) after nothing of the user's reaches it. While the extension is loaded,
+each time an optimizer is built (the start of every new model's training, in ``fit`` and in a
+custom loop) and TF registered custom gradients since the last time, the registry is purged of
+the graphs nothing else keeps and the traces of variables that died are dropped.
+
+Finding what died takes a garbage collection. A full one costs 0.1-0.4 s in a TF kernel, so
+the first time in a cell the objects alive then are frozen (``gc.freeze``, O(1)) and later
+collections look only at what the cell made since: each model after the first costs a few ms.
+The freeze ends when the cell does (or before any kerasmagic cleanup). The price: what existed
+before that first build and dies later in the same cell (the first fold's model) waits for the
+cell's end.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import logging
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kerasmagic.backends.tensorflow.graph import custom_gradient_count
+from kerasmagic.backends.tensorflow.purge import purge_custom_gradients
+from kerasmagic.backends.tensorflow.traces import clear_stale_traces
+from kerasmagic.interrupts.held import held_interrupts
+
+log = logging.getLogger(__name__)
+# (module, class) whose ``build`` starts every new model's training, Keras 3 and tf-keras.
+OPTIMIZERS = (
+    ("keras.src.optimizers.base_optimizer", "BaseOptimizer"),
+    ("tf_keras.src.optimizers.optimizer", "_BaseOptimizer"),
+)
+_MARK = "__kerasmagic_between_models__"
+
+
+class Freezer:
+    """Whether kerasmagic froze the collector's old objects (``gc.freeze``) in this cell."""
+
+    frozen = False
+
+    @classmethod
+    def freeze(cls) -> None:
+        if not cls.frozen:
+            gc.freeze()
+            cls.frozen = True
+
+    @classmethod
+    def thaw(cls) -> None:
+        """Give the frozen objects back to the collector (cell end, cleanup, unload)."""
+        if cls.frozen:
+            cls.frozen = False
+            gc.unfreeze()
+
+
+class LoopGuard:
+    """Frees the models a loop left behind, each time a new model starts training."""
+
+    def __init__(self, namespace: Mapping[str, Any]) -> None:
+        self.namespace = namespace
+        self.after = 0  # custom gradients left by the last purge (the models still alive)
+        self.freed = 0  # custom gradients purged between models, over the session
+        self.patched: list[tuple[type, Callable[..., Any]]] = []
+
+    def install(self) -> None:
+        """Wrap the optimizers' ``build`` of the Keras packages imported so far (idempotent)."""
+        for module, name in OPTIMIZERS:
+            cls = getattr(sys.modules.get(module), name, None)
+            original = cls.__dict__.get("build") if isinstance(cls, type) else None
+            if original is None or getattr(original, _MARK, False):
+                continue
+            assert isinstance(cls, type)
+            type.__setattr__(cls, "build", self._wrap(original))
+            self.patched.append((cls, original))
+
+    def uninstall(self) -> None:
+        """Put every wrapped ``build`` back."""
+        for cls, original in reversed(self.patched):
+            type.__setattr__(cls, "build", original)
+        self.patched.clear()
+        Freezer.thaw()
+
+    def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def build(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            self.between_models()
+            return original(optimizer, *args, **kwargs)
+
+        setattr(build, _MARK, True)
+        return build
+
+    def between_models(self) -> None:
+        """Purge what earlier models left, if TF registered custom gradients since last time."""
+        count = custom_gradient_count()
+        if count is None:  # TensorFlow not imported: its registry cannot hold anything
+            return
+        if not Freezer.frozen:  # the cell's first new model: nothing to collect cheaply yet
+            Freezer.freeze()
+            self.after = count
+            return
+        if count <= self.after:
+            return
+        try:
+            with held_interrupts() as held:
+                self._purge()
+            held.deliver()
+        except KeyboardInterrupt:
+            raise
+        except Exception:  # never break the user's training: log once, go on
+            log.warning("kerasmagic: could not free earlier models", exc_info=True)
+            self.after = count
+
+    def _purge(self) -> None:
+        result = purge_custom_gradients()
+        if clear_stale_traces(self.namespace, ()):  # traces of variables that just died
+            result = purge_custom_gradients()
+        self.freed += result.dropped
+        self.after = custom_gradient_count() or 0
+
+
+_guards: dict[int, tuple[LoopGuard, Callable[[Any], None], Callable[[Any], None]]] = {}
+
+
+def load(shell: Any, magics: Any) -> None:
+    """Guard the shell's loops: wrap the optimizers once Keras is imported, thaw at cell end."""
+    del magics
+    if id(shell) in _guards:
+        return
+    guard = LoopGuard(shell.user_ns)
+
+    def before(info: Any) -> None:
+        if len(guard.patched) < len(OPTIMIZERS):
+            guard.install()  # Keras imported since: cheap when nothing new is there
+
+    def after(result: Any) -> None:
+        Freezer.thaw()
+
+    _guards[id(shell)] = (guard, before, after)
+    guard.install()
+    shell.events.register("pre_run_cell", before)
+    shell.events.register("post_run_cell", after)
+
+
+def unload(shell: Any) -> None:
+    """Unwrap the optimizers and remove the hooks."""
+    found = _guards.pop(id(shell), None)
+    if found is None:
+        return
+    guard, before, after = found
+    guard.uninstall()
+    shell.events.unregister("pre_run_cell", before)
+    shell.events.unregister("post_run_cell", after)

@@ -1,0 +1,1 @@
+"""The process's native memory outside any framework: glibc's heap (``heap``)."""

@@ -1,0 +1,15 @@
+"""Figures in words: bytes as ``1.2 GB``, ``-3.5 MB``."""
+
+from __future__ import annotations
+
+
+def fmt_bytes(n: int | None) -> str:
+    """Return ``n`` bytes as a short human figure (``1.2 GB``); ``n/a`` for None."""
+    if n is None:
+        return "n/a"
+    sign, value = ("-" if n < 0 else ""), float(abs(n))
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1024 or unit == "TB":
+            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,161 @@
+"""What a child is, what is opaque, and how far every walk goes: the rules all walks share.
+
+A walk never calls a user object's methods: containers are read through the built-in types'
+own protocols (``list.__iter__``, ``dict.items``), instances through ``object.__getattribute__``
+of their ``__dict__``, everything else through what the C types expose to the garbage collector
+(``gc.get_referents``). So a dead ``weakref.proxy``, a lazy proxy or a ``__getattr__`` that
+returns anything cannot break or stall one.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import types as pytypes
+import weakref
+from itertools import islice
+from typing import Any
+
+from kerasmagic.walk.state import user_class
+
+# The limits, one place for all walks.
+NEAR_DEPTH = 2  # the per-cell walk: how far into the namespace's lists, tuples, dicts, sets
+NEAR_ITEMS = 256  # items of one container a near walk looks at (keeps it O(names))
+COUNT_ITEMS = 64  # the same for the count taken after every cell, which must stay cheap
+REBOUND_DEPTH = 6  # how far into a rebound name's containers and objects model state is cut
+PATH_DEPTH = 12  # how deep a path to a holder is searched for
+PATH_VISITS = 200_000  # objects a path search looks at before it gives up
+REACH_VISITS = 2_000_000  # objects the kept-names walk looks at; past this it is incomplete
+SMALL_ARRAY = 10_000  # NumPy object arrays up to this size are walked item by item
+OWN_VISITS = 200_000  # objects of one model's own graph looked at (a Keras model: ~5,000)
+
+# Never walked into: everything shares them (a function's globals are the namespace itself).
+OPAQUE: tuple[type, ...] = (
+    type,
+    pytypes.ModuleType,
+    pytypes.FunctionType,
+    pytypes.BuiltinFunctionType,
+    pytypes.MethodType,
+    pytypes.FrameType,
+    pytypes.CodeType,
+    pytypes.TracebackType,
+    weakref.ref,
+    weakref.ProxyType,
+    weakref.CallableProxyType,
+)
+CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
+_PLAIN_KEYS = frozenset({str, int, float, bool, bytes, type(None)})
+_MODULE_DICT: Any = vars(pytypes.ModuleType)["__dict__"]  # past a subclass's own __dict__
+
+
+def safe_key(key: Any) -> str:
+    """Return ``repr(key)`` for plain keys, and only the type's name for others (no user code)."""
+    if type(key) in _PLAIN_KEYS:
+        text = repr(key)
+        return text if len(text) <= 80 else text[:77] + "..."
+    return f"<{type(key).__name__}>"
+
+
+def items_of(obj: Any, limit: int = NEAR_ITEMS) -> list[tuple[str, Any]] | None:
+    """Return ``[(suffix, item)]`` of a list, tuple, dict, set (subclasses too) or NumPy array of
+    objects without calling their Python-level methods, or None if ``obj`` is none of those."""
+    kind = type(obj)
+    if issubclass(kind, list):
+        return [(f"[{i}]", v) for i, v in enumerate(islice(list.__iter__(obj), limit))]
+    if issubclass(kind, tuple):
+        return [(f"[{i}]", v) for i, v in enumerate(islice(tuple.__iter__(obj), limit))]
+    if issubclass(kind, dict):
+        pairs = islice(dict.items(obj), limit)
+        return [(f"[{safe_key(k)}]", v) for k, v in pairs]
+    if issubclass(kind, (set, frozenset)):
+        it = set.__iter__(obj) if issubclass(kind, set) else frozenset.__iter__(obj)
+        return [(f"{{{i}}}", v) for i, v in enumerate(islice(it, limit))]
+    array = object_array(obj)
+    if array is not None:
+        items = list(islice(array.flat, limit))
+        one_d = array.ndim == 1
+        return [(f"[{i}]" if one_d else f".flat[{i}]", v) for i, v in enumerate(items)]
+    return None
+
+
+def object_array(obj: Any) -> Any:
+    """Return a plain ``ndarray`` view of a NumPy array of Python objects (what a pandas column
+    of models is made of), or None for anything else; no subclass code runs."""
+    numpy: Any = sys.modules.get("numpy")
+    ndarray: Any = getattr(numpy, "ndarray", None)
+    if not isinstance(ndarray, type) or not issubclass(type(obj), ndarray):
+        return None
+    try:
+        plain = numpy.ndarray.view(obj, ndarray)  # the base class's view: no __array_finalize__
+        return plain if plain.dtype.kind == "O" else None
+    except Exception:
+        return None
+
+
+def object_array_items(obj: Any, limit: int) -> list[Any] | None:
+    """Return the first ``limit`` items of ``object_array(obj)``, or None if it is none."""
+    array = object_array(obj)
+    return None if array is None else list(islice(array.flat, limit))
+
+
+def user_attrs(obj: Any) -> dict[str, Any] | None:
+    """Return the ``__dict__`` of an instance of a user class (no user code runs), else None."""
+    kind = type(obj)
+    if issubclass(kind, type) or not user_class(kind):
+        return None
+    try:
+        attrs = object.__getattribute__(obj, "__dict__")
+    except Exception:  # no __dict__ (slots), or an odd class
+        return None
+    return attrs if type(attrs) is dict else None
+
+
+def contents(obj: Any, limit: int = NEAR_ITEMS) -> list[tuple[str, Any]]:
+    """Return what a rebound or searched object holds: a user object's attributes (``.name``),
+    else a container's items (``[i]``), else nothing."""
+    attrs = user_attrs(obj)
+    if attrs is not None:
+        return [(f".{key}", value) for key, value in attrs.items()]
+    return items_of(obj, limit) or []
+
+
+def attributes(obj: Any, limit: int = NEAR_ITEMS) -> list[tuple[str, Any]]:
+    """Return ``[(".name", value)]`` of any instance's ``__dict__`` as the collector sees it
+    (installed packages' objects too: no ``__getattr__`` or property runs); nothing for
+    classes, modules and functions."""
+    if issubclass(type(obj), OPAQUE):
+        return []
+    out: list[tuple[str, Any]] = []
+    for ref in gc.get_referents(obj):
+        if type(ref) is dict:
+            out.extend(
+                (f".{key}" if type(key) is str else f"[{safe_key(key)}]", value)
+                for key, value in islice(dict.items(ref), limit)
+            )
+    return out
+
+
+def function_refs(fn: pytypes.FunctionType, limit: int = NEAR_ITEMS) -> list[tuple[str, Any]]:
+    """Return what a function reaches when it runs: the globals its code names
+    (``→name``) and its closure's contents (``→<closure>``)."""
+    out = [
+        (f"→{name}", fn.__globals__[name])
+        for name in islice(fn.__code__.co_names, limit)
+        if name in fn.__globals__
+    ]
+    for cell in fn.__closure__ or ():
+        try:
+            out.append(("→<closure>", cell.cell_contents))
+        except ValueError:  # an empty cell
+            continue
+    return out
+
+
+def module_dicts() -> dict[int, str]:
+    """Return ``{id(module.__dict__): name}`` for the imported modules (lazy ones included,
+    without running their code)."""
+    out: dict[int, str] = {}
+    for name, module in list(sys.modules.items()):
+        if issubclass(type(module), pytypes.ModuleType) and type(name) is str:
+            out[id(_MODULE_DICT.__get__(module))] = name
+    return out

@@ -1,0 +1,191 @@
+"""What model state owns, read through Keras's own API: a model's layers and variables, its
+optimizer and metrics, the layers upstream of a symbolic tensor, and their bytes.
+
+Used to keep what a kept model owns (a layer shared with it, its tensors) and to say what a
+dropped object held ("h: a KerasTensor holding 3 layers, 9.8 MB"). Keras's methods run here,
+never the user's: every read is guarded, and a model that cannot be read owns nothing known.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kerasmagic.units import fmt_bytes
+from kerasmagic.walk.state import StateTypes
+
+MAX_NODES = 10_000  # functional-graph nodes followed upstream of one tensor
+
+
+@dataclass(frozen=True)
+class Owned:
+    """Ids of the layers, variables and other state that some roots own."""
+
+    layers: frozenset[int]
+    variables: frozenset[int]
+    others: frozenset[int]  # optimizers, metrics
+
+    def holds(self, obj: Any, kind: str | None) -> bool:
+        """Return whether ``obj`` (model state of ``kind``) is owned: a tensor is when the
+        layer that computed it is."""
+        key = id(obj)
+        if key in self.layers or key in self.variables or key in self.others:
+            return True
+        history: Any = getattr(obj, "_keras_history", None) if kind == "tensor" else None
+        return bool(history) and id(history[0]) in self.layers
+
+
+def _guarded(read: Any, default: Any) -> Any:
+    try:
+        return read()
+    except Exception:  # a half-built model, a user subclass whose property fails
+        return default
+
+
+def layers_of(obj: Any) -> list[Any]:
+    """Return a layer's (or model's) layers, itself included, at any depth."""
+    flatten = getattr(obj, "_flatten_layers", None)
+    if flatten is None:
+        return [obj]
+    return list(_guarded(lambda: list(flatten(include_self=True, recursive=True)), [obj]))
+
+
+def variables_of(layer: Any) -> list[Any]:
+    """Return a layer's variables, and the TensorFlow variable each Keras variable wraps."""
+    out = []
+    for variable in _guarded(lambda: list(layer.weights), []):
+        out.append(variable)
+        inner = getattr(variable, "_value", None)  # Keras 3 on TensorFlow wraps a tf.Variable
+        if inner is not None:
+            out.append(inner)
+    return out
+
+
+def upstream_layers(tensor: Any) -> list[Any]:
+    """Return the layers a symbolic tensor was computed through (its functional graph)."""
+    history = getattr(tensor, "_keras_history", None)
+    if not history:
+        return []
+    layer, node_index = history[0], history[1]
+    start = _guarded(lambda: layer._inbound_nodes[node_index], None)
+    layers: dict[int, Any] = {} if layer is None else {id(layer): layer}
+    todo = [start] if start is not None else []
+    seen: set[int] = set()
+    while todo and len(seen) < MAX_NODES:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        op = getattr(node, "operation", None) or getattr(node, "layer", None)
+        if op is not None:
+            layers.setdefault(id(op), op)
+        todo.extend(_guarded(lambda n=node: list(n.parent_nodes), []))
+    return list(layers.values())
+
+
+def owned(roots: Iterable[Any], types: StateTypes) -> Owned:
+    """Return what ``roots`` (kept models, layers, tensors, optimizers) own."""
+    layers: dict[int, Any] = {}
+    others: set[int] = set()
+    for root in roots:
+        kind = types.kind(type(root))
+        if kind in ("model", "layer", "metric"):
+            layers.update((id(x), x) for x in layers_of(root))
+        elif kind == "tensor":
+            for layer in upstream_layers(root):
+                layers.update((id(x), x) for x in layers_of(layer))
+        if kind == "model":
+            optimizer = _guarded(lambda r=root: r.optimizer, None)
+            if optimizer is not None:
+                others.add(id(optimizer))
+                others.update(id(v) for v in _guarded(lambda o=optimizer: list(o.variables), []))
+            others.update(id(m) for m in _guarded(lambda r=root: list(r.metrics), []))
+    variables = {id(v) for layer in layers.values() for v in variables_of(layer)}
+    return Owned(frozenset(layers), frozenset(variables), frozenset(others))
+
+
+def _itemsize(dtype: Any) -> int:
+    size = getattr(dtype, "size", None)  # tf.DType
+    if isinstance(size, int):
+        return size
+    import numpy as np
+
+    return int(np.dtype(str(dtype)).itemsize)
+
+
+def variables_bytes(variables: Iterable[Any]) -> int:
+    """Return the bytes of distinct variables (by shape and dtype; unknown shapes count 0)."""
+    seen: set[int] = set()
+    total = 0
+    for var in variables:
+        if id(var) in seen:
+            continue
+        seen.add(id(var))
+        try:
+            total += math.prod(int(d) for d in var.shape) * _itemsize(var.dtype)
+        except (TypeError, ValueError):  # unknown shape or exotic dtype
+            continue
+    return total
+
+
+def model_size_bytes(model: Any) -> int:
+    """Return the bytes of a model's weights plus its optimizer's variables."""
+    variables = list(getattr(model, "weights", []))
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        variables += list(getattr(optimizer, "variables", []) or [])
+    return variables_bytes(variables)
+
+
+def _keras_weights(layers: Iterable[Any]) -> Iterator[Any]:
+    for layer in layers:
+        yield from _guarded(lambda x=layer: list(x.weights), [])
+
+
+@dataclass(frozen=True)
+class Held:
+    """What one piece of model state holds: its kind, class, layers with weights, bytes."""
+
+    kind: str
+    type: str
+    layers: int
+    size_bytes: int
+
+    def describe(self) -> str:
+        """Return it in words: ``a KerasTensor holding 3 layers, 9.8 MB``, ``a Dense layer,
+        2.3 MB``, ``a variable, 4.0 KB``."""
+        size = fmt_bytes(self.size_bytes)
+        if self.kind == "tensor":
+            if not self.layers:
+                return "a KerasTensor, no weights"
+            plural = "" if self.layers == 1 else "s"
+            return f"a KerasTensor holding {self.layers} layer{plural}, {size}"
+        if self.kind in ("layer", "metric"):
+            return f"a {self.type} {self.kind}, {size}"
+        if self.kind == "optimizer":
+            return f"an optimizer ({self.type}), {size}"
+        if self.kind in ("variable", "model"):
+            return f"a {self.kind}, {size}"
+        return f"a {self.type}"
+
+
+def held_by(obj: Any, kind: str) -> Held:
+    """Return what ``obj``, model state of ``kind``, holds."""
+    name = type(obj).__name__
+    if kind == "tensor":
+        found = [x for layer in upstream_layers(obj) for x in layers_of(layer)]
+        layers = list({id(x): x for x in found}.values())
+    elif kind in ("layer", "metric", "model"):
+        layers = layers_of(obj)
+    else:
+        layers = []
+    weighted = [x for x in layers if _guarded(lambda x=x: list(x.weights), [])]
+    if kind == "optimizer":
+        size = variables_bytes(_guarded(lambda: list(obj.variables), []))
+    elif kind == "variable":
+        size = variables_bytes([obj])
+    else:
+        size = variables_bytes(_keras_weights(weighted))
+    return Held(kind, name, len(weighted), size)
