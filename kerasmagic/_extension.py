@@ -1,7 +1,9 @@
 """Load and unload the IPython extension symmetrically.
 
-Optional parts (the live monitor, the sidebar comm) are modules listed in ``PARTS``; each has
-``load(shell, magics)`` and ``unload(shell)`` and is imported only when the extension loads.
+The parts are modules listed in ``PARTS``, loaded in that order (a part may use the parts
+before it: the sidebar shows the live monitor) and unloaded in reverse. Each has
+``load(state) -> handle`` and ``unload(state, handle)``; the handle is kept in the shell's
+``ShellState``. A part that fails to load rolls the whole load back, so a retry starts clean.
 """
 
 from __future__ import annotations
@@ -14,32 +16,37 @@ from typing import Any
 from kerasmagic.backends.tensorflow import stack as tfstack
 from kerasmagic.cells.runner import RUNNERS
 from kerasmagic.native.heap import pin_mmap_threshold
+from kerasmagic.shellstate import ShellState, any_loaded, forget, register, state_of
 
-PARTS: tuple[str, ...] = (
-    "kerasmagic.live",
-    "kerasmagic.views.comm",
-    "kerasmagic.oom",
-    "kerasmagic.cleanup.loops",
-    "kerasmagic.cells.awaiting",
-    "kerasmagic.interrupts.lost",
-    "kerasmagic.interrupts.gradmode",
-    "kerasmagic.interrupts.kernelguard",  # last: its callbacks run after the other parts'
+PARTS: tuple[tuple[str, str], ...] = (
+    ("live", "kerasmagic.live"),  # the per-cell monitor
+    ("sidebar", "kerasmagic.views.comm"),  # shows the monitor: after it
+    ("oom", "kerasmagic.oom"),
+    ("loops", "kerasmagic.cleanup.loops"),
+    ("await", "kerasmagic.cells.awaiting"),
+    ("lost_interrupts", "kerasmagic.interrupts.lost"),
+    ("gradmode", "kerasmagic.interrupts.gradmode"),
+    ("kernelguard", "kerasmagic.interrupts.kernelguard"),  # last: its callbacks run after all
 )
 log = logging.getLogger(__name__)
-_loaded: dict[int, Any] = {}  # id(shell) -> KerasMagics instance
 
 
 def load(shell: Any) -> None:
     """Register the magics and parts (once per shell); patch TF stack traces if TF is up."""
     from kerasmagic.magics import KerasMagics
 
-    if id(shell) in _loaded:
+    if state_of(shell) is not None:
         return
     magics = KerasMagics(shell=shell)
-    shell.register_magics(magics)
-    _loaded[id(shell)] = magics
-    for part in PARTS:
-        importlib.import_module(part).load(shell, magics)
+    state = ShellState(shell, magics)
+    register(state)
+    try:
+        shell.register_magics(magics)
+        for name, module in PARTS:
+            state.parts[name] = importlib.import_module(module).load(state)
+    except BaseException:
+        _unload(state)  # never half loaded: a retry starts from nothing
+        raise
     for runner in (*RUNNERS, getattr(type(shell), "run_code", None)):
         code = getattr(runner, "__code__", None)
         if code is not None:
@@ -53,25 +60,40 @@ def load(shell: Any) -> None:
 
 def unload(shell: Any) -> None:
     """Remove the magics, the parts and every patch; leave the user's namespace as it is."""
-    magics = _loaded.pop(id(shell), None)
-    if magics is None:
-        return
-    for part in reversed(PARTS):
-        importlib.import_module(part).unload(shell)
+    state = state_of(shell)
+    if state is not None:
+        _unload(state)
+
+
+def _unload(state: ShellState) -> None:
+    """Unload the parts loaded so far (newest first), the magics, then the state itself."""
+    for name, module in reversed(PARTS):
+        if name in state.parts:
+            importlib.import_module(module).unload(state, state.parts.pop(name))
+    shell, magics = state.shell, state.magics
     manager = shell.magics_manager
     for kind, names in magics.magics.items():
         for name in names:
-            manager.magics[kind].pop(name, None)
-    manager.registry.pop(type(magics).__name__, None)
+            if manager.magics[kind].get(name) is not None and _owner(manager, kind, name) is magics:
+                manager.magics[kind].pop(name, None)
+    if manager.registry.get(type(magics).__name__) is magics:
+        manager.registry.pop(type(magics).__name__, None)
     configurables = getattr(shell, "configurables", [])  # Magics.__init__ appended it there
     if magics in configurables:
         configurables.remove(magics)
-    if not _loaded:
+    forget(shell)
+    if not any_loaded():
         tfstack.uninstall()
         if "kerasmagic.probes.nvml" in sys.modules:  # never imported: nothing to stop
             sys.modules["kerasmagic.probes.nvml"].stop()
 
 
+def _owner(manager: Any, kind: str, name: str) -> Any:
+    """Return the Magics instance a registered magic is a bound method of."""
+    return getattr(manager.magics[kind].get(name), "__self__", None)
+
+
 def magics_for(shell: Any) -> Any | None:
     """Return the loaded KerasMagics of ``shell``, or None if the extension is not loaded."""
-    return _loaded.get(id(shell))
+    state = state_of(shell)
+    return None if state is None else state.magics

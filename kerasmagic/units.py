@@ -13,3 +13,8 @@ def fmt_bytes(n: int | None) -> str:
             return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def signed_bytes(n: int | None) -> str:
+    """Return a change in bytes with its sign (``+1.2 MB``, ``-3.0 KB``); ``n/a`` for None."""
+    return "n/a" if n is None else ("+" if n >= 0 else "") + fmt_bytes(n)

@@ -287,6 +287,32 @@ def test_unload_removes_magics(ip: InteractiveShell) -> None:
     assert ip.find_cell_magic("fresh_model") is not None
 
 
+def test_a_part_that_fails_to_load_rolls_the_whole_load_back(
+    ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_loaded`` was set before the parts loaded: one that failed left a half-loaded shell
+    (hooks of the parts before it, magics) that a retry skipped."""
+    import types
+
+    from kerasmagic import _extension
+    from kerasmagic.shellstate import state_of
+
+    ip.run_line_magic("unload_ext", "kerasmagic")
+    hooks = {event: list(ip.events.callbacks[event]) for event in ip.events.callbacks}
+    boom = types.ModuleType("kerasmagic_test_boom")
+    boom.load = lambda state: (_ for _ in ()).throw(RuntimeError("a part that fails"))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kerasmagic_test_boom", boom)
+    monkeypatch.setattr(_extension, "PARTS", (*_extension.PARTS[:4], ("boom", boom.__name__)))
+    with pytest.raises(RuntimeError, match="a part that fails"):
+        _extension.load(ip)
+    assert state_of(ip) is None and ip.find_cell_magic("fresh_model") is None
+    assert {e: list(ip.events.callbacks[e]) for e in ip.events.callbacks} == hooks
+    monkeypatch.undo()
+    ip.run_line_magic("load_ext", "kerasmagic")  # a retry loads everything
+    state = state_of(ip)
+    assert state is not None and set(state.parts) == {name for name, _ in _extension.PARTS}
+
+
 def test_model_shared_with_a_kept_name_survives_stripping(kip: InteractiveShell) -> None:
     run(kip, "m0 = build()\nresults = [{'model': m0, 'score': 0.5}]\nbest = results[0]\ndel m0")
     fresh(kip, "results = []")

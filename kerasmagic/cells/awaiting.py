@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from kerasmagic.shellstate import ShellState
+
 MAGIC_LINE = re.compile(r"%%fresh_model(\s|$)")
 
 
@@ -37,15 +39,14 @@ class AwaitTransformer:
         return [f"await get_ipython().run_cell_magic('fresh_model', {first_line!r}, {body!r})\n"]
 
 
-def load(shell: Any, magics: Any) -> None:
-    """Install the transformer on ``shell`` (once)."""
-    del magics
-    transforms = shell.input_transformers_cleanup
-    if not any(isinstance(t, AwaitTransformer) for t in transforms):
-        transforms.append(AwaitTransformer(shell))
+def load(state: ShellState) -> AwaitTransformer:
+    """Install the transformer on the shell."""
+    transformer = AwaitTransformer(state.shell)
+    state.shell.input_transformers_cleanup.append(transformer)
+    return transformer
 
 
-def unload(shell: Any) -> None:
-    """Remove the transformer from ``shell``."""
-    transforms = shell.input_transformers_cleanup
-    transforms[:] = [t for t in transforms if not isinstance(t, AwaitTransformer)]
+def unload(state: ShellState, transformer: AwaitTransformer) -> None:
+    """Remove the transformer from the shell."""
+    transforms = state.shell.input_transformers_cleanup
+    transforms[:] = [t for t in transforms if t is not transformer]

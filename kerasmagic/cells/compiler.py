@@ -20,6 +20,7 @@ from types import CodeType
 from typing import Any
 
 from kerasmagic.cells.parse import Rebinding, assigned_in, rebinding_in
+from kerasmagic.shellstate import state_of
 
 MAX_CELLS = 256
 
@@ -47,9 +48,6 @@ class CompiledCell:
         return any(code.co_flags & inspect.CO_COROUTINE for code in codes)
 
 
-_cache: OrderedDict[str, CompiledCell] = OrderedDict()
-
-
 def compile_cell(shell: Any, code: str, header: str = "") -> CompiledCell:
     """Return the compiled cell for ``code`` (IPython-transformed source), reusing earlier ones.
 
@@ -60,6 +58,8 @@ def compile_cell(shell: Any, code: str, header: str = "") -> CompiledCell:
     # (a lambda's code is found by parsing its whole file), and "%%magic" is not Python.
     source = f"# {header}\n{code}" if header else code
     number = cell_number(shell)
+    state = state_of(shell)
+    _cache: OrderedDict[str, CompiledCell] = OrderedDict() if state is None else state.compiled
     cached = _cache.get(source)
     if cached is not None:
         _cache.move_to_end(source)
@@ -114,9 +114,15 @@ def _compile(shell: Any, source: str, code: str, number: int, offset: int) -> Co
 
 
 def _ends_with_semicolon(text: str, tree: ast.Module) -> bool:
-    """Return whether a ``;`` follows the cell's last expression (IPython then shows no Out)."""
+    """Return whether a ``;`` follows the cell's last expression (IPython then shows no Out),
+    asking IPython's own test of the last statement's lines (not of a cell of megabytes)."""
+    from IPython.core.displayhook import DisplayHook
+
     last = tree.body[-1] if tree.body else None
-    if not isinstance(last, ast.Expr) or last.end_lineno is None or last.end_col_offset is None:
+    if not isinstance(last, ast.Expr):
         return False
-    line = text.splitlines()[last.end_lineno - 1].encode()  # AST columns count UTF-8 bytes
-    return line[last.end_col_offset :].lstrip().startswith(b";")
+    tail = "\n".join(text.splitlines()[last.lineno - 1 :])
+    try:
+        return bool(DisplayHook.semicolon_at_end_of_expression(tail))  # type: ignore[no-untyped-call]
+    except Exception:  # tokenize's errors on a line a statement shares: as IPython, show it
+        return False

@@ -19,6 +19,7 @@ from kerasmagic.cleanup.stale import plan_cleanup
 from kerasmagic.cleanup.steps import Run, run_steps
 from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.probes import read_ram
+from kerasmagic.shellstate import current, state_of
 
 
 def _ipython_shell() -> Any | None:
@@ -54,17 +55,29 @@ def reset(
             shell=shell,
         )
     held.deliver()
-    global _last
-    _last = report if not report.dry_run else _last
+    if not report.dry_run:
+        _remember(report, shell)
     return report
 
 
-_last: CleanupReport | None = None
+_outside: list[CleanupReport] = []  # outside IPython (a script): the last report, if any
 
 
-def last_report() -> CleanupReport | None:
-    """Return the report of the most recent cleanup in this process (None before any)."""
-    return _last
+def _remember(report: CleanupReport, shell: Any | None) -> None:
+    state = state_of(shell) if shell is not None else current()
+    if state is not None:
+        state.last_report = report
+    else:
+        _outside[:] = [report]
+
+
+def last_report(shell: Any | None = None) -> CleanupReport | None:
+    """Return the report of the most recent cleanup of ``shell`` (by default the running
+    IPython shell; in a script, of this process), or None before any."""
+    state = state_of(shell) if shell is not None else current()
+    if state is not None:
+        return state.last_report
+    return _outside[0] if _outside else None
 
 
 def _reset(

@@ -29,6 +29,7 @@ from kerasmagic.backends.tensorflow.graph import custom_gradient_count
 from kerasmagic.backends.tensorflow.purge import purge_custom_gradients
 from kerasmagic.backends.tensorflow.traces import clear_stale_traces
 from kerasmagic.interrupts.held import held_interrupts
+from kerasmagic.shellstate import ShellState
 
 log = logging.getLogger(__name__)
 # (module, class) whose ``build`` starts every new model's training, Keras 3 and tf-keras.
@@ -123,14 +124,12 @@ class LoopGuard:
         self.after = custom_gradient_count() or 0
 
 
-_guards: dict[int, tuple[LoopGuard, Callable[[Any], None], Callable[[Any], None]]] = {}
+Hooks = tuple[LoopGuard, Callable[[Any], None], Callable[[Any], None]]
 
 
-def load(shell: Any, magics: Any) -> None:
+def load(state: ShellState) -> Hooks:
     """Guard the shell's loops: wrap the optimizers once Keras is imported, thaw at cell end."""
-    del magics
-    if id(shell) in _guards:
-        return
+    shell = state.shell
     guard = LoopGuard(shell.user_ns)
 
     def before(info: Any) -> None:
@@ -140,18 +139,15 @@ def load(shell: Any, magics: Any) -> None:
     def after(result: Any) -> None:
         Freezer.thaw()
 
-    _guards[id(shell)] = (guard, before, after)
     guard.install()
     shell.events.register("pre_run_cell", before)
     shell.events.register("post_run_cell", after)
+    return guard, before, after
 
 
-def unload(shell: Any) -> None:
+def unload(state: ShellState, hooks: Hooks) -> None:
     """Unwrap the optimizers and remove the hooks."""
-    found = _guards.pop(id(shell), None)
-    if found is None:
-        return
-    guard, before, after = found
+    guard, before, after = hooks
     guard.uninstall()
-    shell.events.unregister("pre_run_cell", before)
-    shell.events.unregister("post_run_cell", after)
+    state.shell.events.unregister("pre_run_cell", before)
+    state.shell.events.unregister("post_run_cell", after)

@@ -14,12 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 from kerasmagic.backends.torch import loaded_torch
+from kerasmagic.shellstate import ShellState
 
 RESTORED = (
     "kerasmagic: the error stopped PyTorch inside torch.no_grad(), which left gradients off; "
     "they are on again, as before the cell"
 )
-_hooks: dict[int, tuple[Any, Any]] = {}
 
 
 class GradGuard:
@@ -42,20 +42,15 @@ class GradGuard:
             print(RESTORED)
 
 
-def load(shell: Any, magics: Any) -> None:
-    """Register the guard's two hooks (once per shell)."""
-    del magics
-    if id(shell) in _hooks:
-        return
+def load(state: ShellState) -> GradGuard:
+    """Register the guard's two hooks."""
     guard = GradGuard()
-    _hooks[id(shell)] = (guard.pre_run_cell, guard.post_run_cell)
-    shell.events.register("pre_run_cell", guard.pre_run_cell)
-    shell.events.register("post_run_cell", guard.post_run_cell)
+    state.shell.events.register("pre_run_cell", guard.pre_run_cell)
+    state.shell.events.register("post_run_cell", guard.post_run_cell)
+    return guard
 
 
-def unload(shell: Any) -> None:
+def unload(state: ShellState, guard: GradGuard) -> None:
     """Remove the hooks."""
-    hooks = _hooks.pop(id(shell), None)
-    if hooks is not None:
-        shell.events.unregister("pre_run_cell", hooks[0])
-        shell.events.unregister("post_run_cell", hooks[1])
+    state.shell.events.unregister("pre_run_cell", guard.pre_run_cell)
+    state.shell.events.unregister("post_run_cell", guard.post_run_cell)

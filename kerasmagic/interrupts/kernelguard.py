@@ -28,6 +28,7 @@ from typing import Any
 
 from kerasmagic.interrupts.held import interrupt_finished_cell
 from kerasmagic.interrupts.swallowed import InterruptWatch
+from kerasmagic.shellstate import ShellState
 
 log = logging.getLogger(__name__)
 
@@ -154,16 +155,13 @@ def _inside(frame: FrameType | None, codes: set[CodeType]) -> bool:
     return False
 
 
-_guards: dict[int, KernelGuard] = {}  # id(shell) -> its guard
-
-
-def load(shell: Any, magics: Any) -> None:
+def load(state: ShellState) -> KernelGuard | None:
     """Guard the shell's kernel, when it is an ipykernel whose handler hooks are its own."""
-    del magics
+    shell = state.shell
     kernel = getattr(shell, "kernel", None)
     kernelbase = sys.modules.get("ipykernel.kernelbase")
-    if kernel is None or kernelbase is None or id(shell) in _guards:
-        return
+    if kernel is None or kernelbase is None:
+        return None
     base = kernelbase.Kernel
     kind = type(kernel)
     if not isinstance(kernel, base) or (
@@ -171,14 +169,13 @@ def load(shell: Any, magics: Any) -> None:
         or getattr(kind, "post_handler_hook", None) is not base.post_handler_hook
     ):
         log.debug("kerasmagic: %s has its own handler hooks; Ctrl-C left to it", kind.__name__)
-        return
+        return None
     guard = KernelGuard(shell, kernel)
     guard.install()
-    _guards[id(shell)] = guard
+    return guard
 
 
-def unload(shell: Any) -> None:
-    """Remove the guard of ``shell``, if any."""
-    guard = _guards.pop(id(shell), None)
+def unload(state: ShellState, guard: KernelGuard | None) -> None:
+    """Remove the guard, if there was one."""
     if guard is not None:
         guard.uninstall()

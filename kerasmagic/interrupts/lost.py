@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 from kerasmagic.interrupts.swallowed import following
+from kerasmagic.shellstate import ShellState
 
 
 class RaiseInFrame:
@@ -94,24 +95,23 @@ class RedeliverInterrupts:
         self.previous(unraisable)
 
 
-_hook: RedeliverInterrupts | None = None
+_hook: RedeliverInterrupts | None = None  # one per process: sys.unraisablehook is
 _shells: set[int] = set()  # shells that loaded the extension: the hook stays while any does
 
 
-def load(shell: Any, magics: Any) -> None:
+def load(state: ShellState) -> None:
     """Put the hook in place (once per process, whatever number of shells load the extension)."""
     global _hook
-    del magics
-    _shells.add(id(shell))
+    _shells.add(id(state.shell))
     if _hook is None:
         _hook = RedeliverInterrupts(sys.unraisablehook)
         sys.unraisablehook = _hook
 
 
-def unload(shell: Any) -> None:
+def unload(state: ShellState, handle: None) -> None:
     """Restore the previous hook; if another hook wrapped ours since, ours passes everything on."""
     global _hook
-    _shells.discard(id(shell))
+    _shells.discard(id(state.shell))
     if _hook is None or _shells:
         return
     if sys.unraisablehook is _hook:

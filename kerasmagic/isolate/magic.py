@@ -37,15 +37,8 @@ def _inputs(user_ns: dict[str, Any], names: list[str]) -> dict[str, Any]:
     return {n: user_ns[n] for n in names}
 
 
-def _unquote(value: str | None) -> str | None:
-    """Return ``value`` without one pair of enclosing quotes: IPython keeps ``--gpus ""`` as is."""
-    if value is not None and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1]
-    return value
-
-
 def _check(args: Any, cell: str, code: str) -> None:
-    """Refuse bad flags with one line; unquote ``--gpus`` and ``--on`` in place."""
+    """Refuse bad flags with one line."""
     from kerasmagic.isolate.ray_backend import check_on
 
     timeout = args.timeout
@@ -53,7 +46,6 @@ def _check(args: Any, cell: str, code: str) -> None:
         raise UsageError(f"--timeout must be a positive, finite number of seconds, not {timeout}")
     if "get_ipython()" in code and "get_ipython" not in cell:
         raise UsageError("an isolated cell runs plain Python: remove %magics and !commands")
-    args.gpus, args.on = _unquote(args.gpus), _unquote(args.on)
     if args.on is not None:
         try:
             check_on(args.on)

@@ -13,16 +13,17 @@ from typing import Any
 from kerasmagic.live.leak import LeakVerdict
 from kerasmagic.live.monitor import LiveMonitor
 from kerasmagic.live.record import CellRecord, source_hash
+from kerasmagic.shellstate import ShellState, state_of
 from kerasmagic.snapshot import MemorySnapshot
 
 log = logging.getLogger(__name__)
 
-_monitors: dict[int, LiveMonitor] = {}
-
 
 def get_monitor(shell: Any) -> LiveMonitor | None:
     """Return the live monitor of ``shell``, or None if the extension is not loaded there."""
-    return _monitors.get(id(shell))
+    state = state_of(shell)
+    monitor = None if state is None else state.part("live")
+    return monitor if isinstance(monitor, LiveMonitor) else None
 
 
 def history() -> list[CellRecord]:
@@ -33,28 +34,24 @@ def history() -> list[CellRecord]:
     return monitor.history() if monitor is not None else []
 
 
-def load(shell: Any, magics: Any) -> None:
+def load(state: ShellState) -> LiveMonitor:
     """Create the shell's monitor, register its hooks and start its sampler."""
-    if id(shell) in _monitors:
-        return
-    monitor = LiveMonitor(shell, parent=magics)
-    _monitors[id(shell)] = monitor
+    shell = state.shell
+    monitor = LiveMonitor(shell, parent=state.magics)
     shell.events.register("pre_run_cell", monitor.pre_run_cell)
     shell.events.register("post_run_cell", monitor.post_run_cell)
     monitor.start()
+    return monitor
 
 
-def unload(shell: Any) -> None:
+def unload(state: ShellState, monitor: LiveMonitor) -> None:
     """Unregister the hooks and stop the sampler thread."""
-    monitor = _monitors.pop(id(shell), None)
-    if monitor is None:
-        return
     for event, fn in (
         ("pre_run_cell", monitor.pre_run_cell),
         ("post_run_cell", monitor.post_run_cell),
     ):
         try:
-            shell.events.unregister(event, fn)
+            state.shell.events.unregister(event, fn)
         except ValueError:
             log.debug("kerasmagic: %s hook already removed", event)
     monitor.stop()

@@ -6,12 +6,13 @@ The block comes after the traceback (IPython shows that first) and never replace
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kerasmagic.oom.detect import OomError, find_oom
+from kerasmagic.shellstate import ShellState
 
 log = logging.getLogger(__name__)
-_hooks: dict[int, Any] = {}
 
 
 def report(shell: Any, error: BaseException | None) -> str | None:
@@ -27,10 +28,9 @@ def report(shell: Any, error: BaseException | None) -> str | None:
     return explain(oom, take_snapshot(ns, functions=False), live_models(ns))
 
 
-def load(shell: Any, magics: Any) -> None:
+def load(state: ShellState) -> Callable[[Any], None]:
     """Register the post-cell hook that explains an out-of-memory error."""
-    if id(shell) in _hooks:
-        return
+    shell = state.shell
 
     def after(result: Any) -> None:
         error = getattr(result, "error_in_exec", None)
@@ -44,15 +44,13 @@ def load(shell: Any, magics: Any) -> None:
         if text is not None:
             print(text)
 
-    _hooks[id(shell)] = after
     shell.events.register("post_run_cell", after)
+    return after
 
 
-def unload(shell: Any) -> None:
+def unload(state: ShellState, after: Callable[[Any], None]) -> None:
     """Remove the hook."""
-    after = _hooks.pop(id(shell), None)
-    if after is not None:
-        shell.events.unregister("post_run_cell", after)
+    state.shell.events.unregister("post_run_cell", after)
 
 
 __all__ = ["OomError", "find_oom", "load", "report", "unload"]

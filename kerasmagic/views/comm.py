@@ -18,8 +18,9 @@ import comm as comm_pkg
 from kerasmagic._version import __version__
 from kerasmagic.cleanup import CleanupReport, reset
 from kerasmagic.cleanup.scan import DeepScan, deep_scan
-from kerasmagic.live import LiveMonitor, get_monitor
+from kerasmagic.live import LiveMonitor
 from kerasmagic.live.record import CellRecord
+from kerasmagic.shellstate import ShellState
 from kerasmagic.snapshot import MemorySnapshot, take_snapshot
 from kerasmagic.views.commjobs import MainThreadJob
 from kerasmagic.views.commproto import MAX_ID_CHARS, PROTOCOL, REQUESTS, check, message, request_id
@@ -207,23 +208,15 @@ class Sidebar:
         return mine.message if mine.growing and runs[-1] is record else None
 
 
-_sidebars: dict[int, Sidebar] = {}
-
-
-def load(shell: Any, magics: Any) -> None:
-    """Register the ``kerasmagic`` comm target for ``shell`` (after ``kerasmagic.live``)."""
-    if id(shell) in _sidebars:
-        return
-    sidebar = Sidebar(shell, magics, get_monitor(shell))
-    _sidebars[id(shell)] = sidebar
+def load(state: ShellState) -> Sidebar:
+    """Register the ``kerasmagic`` comm target; the sidebar shows the ``live`` part's monitor."""
+    sidebar = Sidebar(state.shell, state.magics, state.part("live"))
     comm_pkg.get_comm_manager().register_target(TARGET, sidebar.open)
+    return sidebar
 
 
-def unload(shell: Any) -> None:
-    """Unregister the target and close every sidebar comm of ``shell``."""
-    sidebar = _sidebars.pop(id(shell), None)
-    if sidebar is None:
-        return
+def unload(state: ShellState, sidebar: Sidebar) -> None:
+    """Unregister the target and close every sidebar comm of the shell."""
     manager = comm_pkg.get_comm_manager()
     if manager.targets.get(TARGET) == sidebar.open:
         manager.unregister_target(TARGET, sidebar.open)

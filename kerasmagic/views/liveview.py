@@ -12,14 +12,10 @@ from IPython.display import Image, display
 
 from kerasmagic.live import CellRecord, LiveMonitor, get_monitor
 from kerasmagic.live.leak import LeakVerdict
-from kerasmagic.units import fmt_bytes
+from kerasmagic.units import fmt_bytes, signed_bytes
 from kerasmagic.views.render import Table
 
 PLOT_MISSING = "kerasmagic: --plot needs matplotlib: pip install 'kerasmagic[plot]'"
-
-
-def _signed(n: int | None) -> str:
-    return "n/a" if n is None else ("+" if n >= 0 else "") + fmt_bytes(n)
 
 
 def cell_line(record: CellRecord, verdict: LeakVerdict | None = None) -> str:
@@ -27,12 +23,12 @@ def cell_line(record: CellRecord, verdict: LeakVerdict | None = None) -> str:
     end, delta = record.end, record.delta
     parts = [
         f"[{record.execution_count}] {record.duration_s:.2f}s",
-        f"RSS {fmt_bytes(end.ram.rss_bytes)} ({_signed(delta.rss_bytes)}, "
+        f"RSS {fmt_bytes(end.ram.rss_bytes)} ({signed_bytes(delta.rss_bytes)}, "
         f"peak {fmt_bytes(record.peak_rss_bytes)})",
     ]
     if end.gpu_used_bytes is not None:
         parts.append(
-            f"VRAM {fmt_bytes(end.gpu_used_bytes)} ({_signed(delta.gpu_used_bytes)}, "
+            f"VRAM {fmt_bytes(end.gpu_used_bytes)} ({signed_bytes(delta.gpu_used_bytes)}, "
             f"peak {fmt_bytes(record.peak_gpu_bytes)})"
         )
     if end.graph.custom_gradients is not None:

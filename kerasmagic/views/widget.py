@@ -17,7 +17,7 @@ from traitlets import Bool, Int, List, Unicode
 from kerasmagic.live import CellRecord, LiveMonitor
 from kerasmagic.live.leak import LeakVerdict
 from kerasmagic.snapshot import MemorySnapshot
-from kerasmagic.units import fmt_bytes
+from kerasmagic.units import fmt_bytes, signed_bytes
 from kerasmagic.views.svg import bar_html, sparkline_svg
 
 SPARK_CELLS = 50
@@ -166,7 +166,7 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
         delta = (
             "no cell yet"
             if self.last_cell is None
-            else f"cell [{self.last_cell}] RSS {_signed(self.last_delta_bytes)}"
+            else f"cell [{self.last_cell}] RSS {signed_bytes(self.last_delta_bytes)}"
         )
         graph = (
             f"graph: {opt(self.graph_functions)} functions, "
@@ -202,9 +202,3 @@ def _close_parts(widget: widgets.Widget) -> None:
 def _tagged(key: str, value: int, inner: str) -> str:
     """Wrap a bar in a div whose ``data-km-live``/``data-bytes`` let a page or test read it."""
     return f"<div class='kerasmagic-{key}' data-km-live='{key}' data-bytes='{value}'>{inner}</div>"
-
-
-def _signed(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    return ("+" if n >= 0 else "") + fmt_bytes(n)

@@ -38,8 +38,8 @@ CELLS = [
     "def train():\n    data = np.ones(300 * 2**20 // 8)  # 300 MB the traceback keeps alive\n"
     "    model = small()\n    raise RuntimeError('diverged')\ntrain()",
     # A kernel that never answers "Free memory" (as one whose cleanup hung would).
-    "import kerasmagic.views.comm\nfor s in kerasmagic.views.comm._sidebars.values():\n"
-    "    s._request_free = lambda comm, rid: None",
+    "from kerasmagic.shellstate import current\n"
+    "current().part('sidebar')._request_free = lambda comm, rid: None",
 ]
 
 
