@@ -81,6 +81,11 @@ export interface ICellRecord {
   peak_rss_bytes: number;
   peak_gpu_bytes: number | null;
   source_hash: string;
+  /**
+   * In a `state` or `history` reply: the leak detector's message when it flagged this run
+   * (as a `cell` message's `warning`); absent from kernels that do not send it.
+   */
+  warning?: string | null;
 }
 
 /** The leak detector's verdict. */

@@ -1,0 +1,109 @@
+"""What a newcomer meets in the first hour, in a real JupyterLab at 1400 x 900 (issue 20).
+
+Badges after Run > Run All Cells and while a cell runs again; a chart scaled to the re-runs
+rather than to a big jump before them; the panel read at the sidebar's default width (plain
+words, nothing broken mid-word); figures that agree; ``%%fresh_model``'s report line wrapped
+between words.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from .conftest import MB, Server, run_cell, wait_done, wait_for_kernel, wait_until, write_notebook
+from .contrast import low_contrast
+
+pytestmark = pytest.mark.slow
+
+PANEL = ".jp-kerasmagic-panel"
+BADGE = '[data-km="cell-badge"]'
+CELL = "window.jupyterapp.shell.currentWidget.content.model.cells.get(i)"
+COUNTS_JS = """() => { const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
+  return Array.from({length: cells.length}, (_, i) => cells.get(i).executionCount); }"""
+RUNNING_JS = f"(i) => {CELL}.executionState === 'running'"
+# Words of the text under `root` that the layout split over two lines (a word longer than its
+# line aside, which must break somewhere).
+SPLIT_WORDS_JS = """(root) => {
+  const out = [];
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const box = n.parentElement.getBoundingClientRect();
+    for (const m of n.textContent.matchAll(/\\S+/g)) {
+      const r = document.createRange();
+      r.setStart(n, m.index);
+      r.setEnd(n, m.index + m[0].length);
+      const rects = [...r.getClientRects()].filter(x => x.width > 0);
+      const lines = new Set(rects.map(x => Math.round(x.top)));
+      const width = rects.reduce((w, x) => w + x.width, 0);
+      if (lines.size > 1 && width < box.width) out.push(m[0]);
+    }
+  }
+  return out;
+}"""
+LINES_JS = """(el) => { const r = document.createRange(); r.selectNodeContents(el);
+  const rects = [...r.getClientRects()].filter(x => x.width > 0);
+  return new Set(rects.map(x => Math.round(x.top))).size; }"""
+
+
+def _open_sidebar(page: Any) -> Any:
+    page.click('.jp-SideBar .lm-TabBar-tab[data-id="kerasmagic-memory"]')
+    return page.locator(PANEL)
+
+
+def _badge(page: Any, index: int) -> Any:
+    return page.locator(".jp-Notebook .jp-Cell").nth(index).locator(BADGE)
+
+
+def _current_badge(page: Any, index: int, count: int) -> dict[str, Any]:
+    badge = _badge(page, index)
+    selector = f"[data-execution-count='{count}'][data-state='current']"
+    page.locator(".jp-Notebook .jp-Cell").nth(index).locator(f"{BADGE}{selector}").wait_for(
+        state="visible", timeout=30000
+    )
+    attrs: dict[str, Any] = badge.evaluate("el => ({...el.dataset})")
+    attrs["text"] = badge.inner_text()
+    return attrs
+
+
+def test_run_all_gives_every_cell_its_badge_and_a_rerun_marks_the_old_one(
+    lab: Server, page: Any
+) -> None:
+    """Run All: the cells after `%load_ext` ran before the sidebar's connection was answered,
+    so their records come with the kernel's history; each badge still shows."""
+    cells = [
+        "%load_ext kerasmagic",
+        "keep = []",
+        "keep.append(b'\\x01' * (16 * 2**20))",
+        "import time\ntime.sleep(3)\nx = 1",
+    ]
+    write_notebook(lab.root, "runall.ipynb", cells)
+    page.goto(f"{lab.url}/lab/workspaces/runall/tree/runall.ipynb")
+    wait_for_kernel(page)
+    page.click('.lm-MenuBar-itemLabel:text-is("Run")')
+    page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
+    deadline = time.monotonic() + 90
+    while None in (counts := page.evaluate(COUNTS_JS)):
+        assert time.monotonic() < deadline, counts
+        time.sleep(0.2)
+    for index in (1, 2, 3):
+        badge = _current_badge(page, index, counts[index])
+        assert badge["text"].startswith("RSS "), badge
+    grown = _current_badge(page, 2, counts[2])
+    assert 12 * MB <= int(grown["rssDelta"]) <= 24 * MB, grown
+
+    # Run again: until this run's record comes, the badge says it is the previous run's.
+    run_cell(page, 3, wait=False)
+    wait_until(page, RUNNING_JS, arg=3, timeout_s=10)
+    old = _badge(page, 3)
+    assert old.is_visible()
+    assert old.get_attribute("data-state") == "previous"
+    assert old.inner_text().startswith(f"previous run [{counts[3]}]: RSS "), old.inner_text()
+    assert old.evaluate("el => getComputedStyle(el).fontStyle") == "italic"
+    assert low_contrast(page, [BADGE]) == []
+    wait_done(page.locator(".jp-Notebook .jp-Cell").nth(3))
+    new_count = page.evaluate(COUNTS_JS)[3]
+    assert new_count > counts[3]
+    assert _current_badge(page, 3, new_count)["text"].startswith("RSS ")
