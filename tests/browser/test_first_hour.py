@@ -107,3 +107,61 @@ def test_run_all_gives_every_cell_its_badge_and_a_rerun_marks_the_old_one(
     new_count = page.evaluate(COUNTS_JS)[3]
     assert new_count > counts[3]
     assert _current_badge(page, 3, new_count)["text"].startswith("RSS ")
+
+
+def _boxes(page: Any, selector: str) -> list[dict[str, Any]]:
+    boxes: list[dict[str, Any]] = page.eval_on_selector_all(
+        selector,
+        "els => els.map(e => { const r = e.getBoundingClientRect();"
+        " return {text: e.textContent, l: r.left, r: r.right, t: r.top, b: r.bottom}; })",
+    )
+    return boxes
+
+
+def _overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return bool(a["l"] < b["r"] and b["l"] < a["r"] and a["t"] < b["b"] and b["t"] < a["b"])
+
+
+def test_the_chart_scales_to_the_reruns_and_labels_the_jump_it_cuts(lab: Server, page: Any) -> None:
+    """A 300 MB jump (an import) and four re-runs of +6 MB: the re-runs fill the chart."""
+    cells = [
+        "%load_ext kerasmagic",
+        "big = b'\\x01' * (300 * 2**20)",
+        "keep = []",
+        "keep.append(b'\\x02' * (6 * 2**20))",
+    ]
+    write_notebook(lab.root, "jump.ipynb", cells)
+    page.goto(f"{lab.url}/lab/workspaces/jump/tree/jump.ipynb")
+    wait_for_kernel(page)
+    panel = _open_sidebar(page)
+    for index in (0, 1, 2, 3, 3, 3, 3):
+        run_cell(page, index)
+    wait_until(page, "document.querySelector('[data-km=\"history\"]')?.dataset.cells >= 6")
+    counts = page.evaluate(COUNTS_JS)
+    chart = panel.locator(".jp-kerasmagic-chart")
+    lo, hi = int(chart.get_attribute("data-lo")), int(chart.get_attribute("data-hi"))
+    rss = int(panel.locator('[data-km="headline"]').get_attribute("data-bytes"))
+    assert hi - lo < 80 * MB, (lo / MB, hi / MB)  # the re-runs' ~24 MB, not the jump's 300 MB
+    assert lo <= rss <= hi, (lo / MB, rss / MB, hi / MB)
+    assert chart.get_attribute("data-clipped") == "1"
+    jump = chart.locator(f'rect.jp-mod-clipped[data-count="{counts[1]}"]')
+    assert jump.count() == 1
+    label = chart.locator(f'.jp-kerasmagic-delta[data-count="{counts[1]}"]')
+    assert 290 <= float(label.text_content().strip("+ MB")) <= 310, label.text_content()
+    labelled = chart.locator(".jp-kerasmagic-delta").evaluate_all(
+        "els => els.map(e => [Number(e.dataset.count), e.textContent])"
+    )
+    reruns = [text for count, text in labelled if count > counts[2]]  # the four runs of cell 3
+    assert reruns and all(4 <= float(t.strip("+ MB")) <= 8 for t in reruns), labelled
+    assert "cut: beyond the axis" in panel.locator(".jp-kerasmagic-legend").inner_text()
+    assert "cut" in (chart.get_attribute("aria-label") or "")
+
+    # No change label is drawn over an axis label, nor over another change label.
+    deltas = _boxes(page, f"{PANEL} .jp-kerasmagic-delta")
+    axis = _boxes(page, f"{PANEL} .jp-kerasmagic-axis")
+    assert [(d["text"], a["text"]) for d in deltas for a in axis if _overlap(d, a)] == []
+    assert [(a["text"], b["text"]) for a, b in _pairs(deltas) if _overlap(a, b)] == []
+
+
+def _pairs(items: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [(a, b) for i, a in enumerate(items) for b in items[i + 1 :]]
