@@ -106,6 +106,8 @@ export interface ICleanupReport {
   tf_freed_bytes: number | null;
   elapsed_s: number;
   notes: string[];
+  /** TensorFlow's custom-gradient entries the cleanup purged (null without TensorFlow). */
+  purge?: { dropped: number; kept: number; unknown: number; message: string | null } | null;
 }
 
 /** One live Keras model from a scan (`LiveModel` in kerasmagic/cleanup/holders.py). */

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from .conftest import MB, Server, run_cell, wait_done, wait_for_kernel, wait_until, write_notebook
-from .contrast import low_contrast
+from .contrast import low_contrast, set_theme
 
 pytestmark = pytest.mark.slow
 
@@ -165,3 +165,129 @@ def test_the_chart_scales_to_the_reruns_and_labels_the_jump_it_cuts(lab: Server,
 
 def _pairs(items: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     return [(a, b) for i, a in enumerate(items) for b in items[i + 1 :]]
+
+
+SMALL = "def small():\n    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])\n"
+PANEL_CELLS = [
+    "%load_ext kerasmagic",
+    "import numpy as np, keras\n" + SMALL + "first = small()\n"
+    "keras.backend.clear_session()\nsecond = small()  # named 'sequential' again",
+    "def inner(model):\n    raise RuntimeError('diverged')\ndef middle(model):\n    inner(model)\n"
+    "def outer(model):\n    middle(model)\nouter(small())",
+    # Garbage in a reference cycle, left for "Free memory" to collect (nothing to drop).
+    "import gc\ngc.disable()\nclass Cycle:\n    pass\nc = Cycle()\nc.me = c\n"
+    "c.blob = b'\\x03' * (60 * 2**20)\ndel c",
+    "gc.enable()\nmodel = small()\nmodel.compile('adam', 'mse')\n"
+    "history = model.fit(np.ones((64, 8)), np.ones((64, 2)), verbose=0)\nmodel",
+    "%%fresh_model\nmodel = small()\nmodel.compile('adam', 'mse')\n"
+    "history = model.fit(np.ones((64, 8)), np.ones((64, 2)), verbose=0)",
+]
+TERMS = {
+    "live-models": ("Keras models in memory", "Live Keras models"),
+    "graph-ops": ("TensorFlow graph operations", "Default-graph ops"),
+    "custom-gradients": ("training graphs kept", "Custom gradients"),
+    "functions": ("compiled TF functions", "Traced tf.functions"),
+}
+
+
+def _free(page: Any) -> str:
+    page.click(f'{PANEL} [data-km="free"]')
+    wait_until(
+        page,
+        "document.querySelector('[data-km=\"free-result\"]')?.dataset.phase === 'done'",
+        timeout_s=60,
+    )
+    text: str = page.inner_text('[data-km="free-result"]')
+    return text
+
+
+def test_the_panel_reads_at_the_sidebars_width_and_its_figures_agree(
+    lab: Server, page: Any
+) -> None:
+    write_notebook(lab.root, "panel.ipynb", PANEL_CELLS)
+    page.goto(f"{lab.url}/lab/workspaces/panel/tree/panel.ipynb")
+    wait_for_kernel(page)
+    panel = _open_sidebar(page)
+    for index in (0, 1, 2):
+        run_cell(page, index)
+    wait_until(page, f"document.querySelector('{PANEL}')?.dataset.status === 'live'")
+    width = panel.evaluate("el => el.getBoundingClientRect().width")
+    assert 230 <= width <= 260, width  # JupyterLab's default sidebar width
+
+    # Two models named `sequential`, told apart; the stored error's frames as one holder.
+    panel.locator('[data-km="scan"]').click()
+    wait_until(
+        page, "document.querySelector('[data-km=\"scan-status\"]')?.dataset.phase === 'done'"
+    )
+    rows = panel.locator('[data-km="scan-model"]')
+    labels = rows.evaluate_all("els => els.map(e => e.dataset.label)")
+    names = rows.locator(".jp-kerasmagic-model-name").all_inner_texts()
+    assert sorted(labels) == [
+        "sequential (held as first)",
+        "sequential (held as second)",
+        "sequential_1",
+    ], labels
+    assert len(set(names)) == len(names), names
+    held = panel.locator('[data-km="scan-model"]', has_text="the stored error (3 frames)")
+    assert held.count() == 1
+    assert "sys.last_" not in held.inner_text()
+    assert "sys.last_traceback (inner: model)" in (held.locator("li").first.get_attribute("title"))
+    section = panel.locator('[data-km="scan-section"]')
+    assert section.evaluate(SPLIT_WORDS_JS) == []
+    assert all(
+        n == 1
+        for n in panel.locator(".jp-kerasmagic-nowrap").evaluate_all(f"els => els.map({LINES_JS})")
+    )
+    table = panel.locator('[data-km="scan-models"]')
+    assert table.get_attribute("role") == "table"
+    assert table.locator('[role="columnheader"]').all_inner_texts() == [
+        "Model",
+        "Held by → what frees it",
+    ]
+    assert table.locator('[role="rowheader"]').count() == 3
+
+    # Free memory drops the error's model: said once, as the stored error.
+    dropped = _free(page)
+    assert dropped.startswith("Freed ") and "dropped the stored error (sys.last_" in dropped
+    # Nothing left to drop, but 60 MB of garbage: say what was freed, not "Dropped: nothing".
+    run_cell(page, 3)
+    nothing = _free(page)
+    assert nothing.startswith("No model to drop; returned "), nothing
+    assert "of freed memory to the OS (RSS " in nothing and "nothing" not in nothing, nothing
+    returned = float(nothing.split("returned ")[1].split(" MB")[0])
+    assert 50 <= returned <= 70, nothing
+
+    # Plain words on the tiles, the technical term in the tooltip; lines that do not wrap.
+    for key, (words, term) in TERMS.items():
+        tile = panel.locator(f'[data-km="{key}"] .jp-kerasmagic-fact-label')
+        assert tile.inner_text() == words
+        assert (tile.get_attribute("title") or "").startswith(term)
+    gauge = panel.locator('[data-km="rss"]')
+    assert gauge.locator(".jp-kerasmagic-gauge-title").inner_text() == "RAM"
+    assert "RSS (resident set size)" in (
+        gauge.locator(".jp-kerasmagic-gauge-title").get_attribute("title") or ""
+    )
+    for part in gauge.locator(".jp-kerasmagic-gauge-label > span").all():
+        assert part.evaluate(LINES_JS) == 1, part.inner_text()
+    peak, rss = int(gauge.get_attribute("data-peak")), int(gauge.get_attribute("data-bytes"))
+    assert peak >= rss, (peak, rss)
+    assert panel.evaluate(SPLIT_WORDS_JS) == []
+    _readable(page)
+
+    # %%fresh_model's report line wraps between words, not inside them.
+    run_cell(page, 4, timeout_s=120)
+    fresh = run_cell(page, 5, timeout_s=120)
+    line = fresh.locator(".jp-OutputArea-output pre", has_text="kerasmagic: freed").first
+    assert line.evaluate(LINES_JS) >= 2, "the report line must be long enough to wrap here"
+    assert line.evaluate(SPLIT_WORDS_JS) == [], line.inner_text()
+    other = page.locator(".jp-Notebook .jp-Cell").nth(4).locator(".jp-OutputArea-output pre")
+    assert other.count() >= 1  # `model`'s repr: other cells' outputs keep JupyterLab's wrapping
+    assert other.first.evaluate("el => getComputedStyle(el).wordBreak") == "break-all"
+
+
+def _readable(page: Any) -> None:
+    for theme in ("JupyterLab Light", "JupyterLab Dark"):
+        set_theme(page, theme)
+        bad = low_contrast(page, [PANEL])
+        assert bad == [], f"text below 4.5:1 in {theme}:\n" + "\n".join(map(str, bad))
+    set_theme(page, "JupyterLab Light")
