@@ -19,10 +19,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+# What each variant does between models: the progress line's label and the table's first column.
 VARIANTS = {
     "none": "no cleanup (model reassigned)",
     "keras": "del + keras clear_session() + gc.collect()",
-    "kerasmagic": "with kerasmagic.fresh(): (kerasmagic.reset())",
+    "kerasmagic": "with kerasmagic.reset() (as %%fresh_model)",
 }
 
 

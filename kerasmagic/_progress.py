@@ -76,18 +76,34 @@ class StepProgress:
                 self._draw(self.line(_columns()))
 
     def line(self, columns: int = 80) -> str:
-        """Return the progress line as it stands now, its label shortened to fit ``columns``."""
-        elapsed = time.monotonic() - self._start
-        if self.done == 0:
-            status = f"starting (importing TensorFlow)  {elapsed:.0f} s"
-        else:
-            left = remaining_s(self.done, self.total, elapsed, self._first_s)
-            eta = "" if left is None else f", ~{left:.0f} s left"
-            counts = f"{self.done}/{self.total} {self.unit}"
-            status = f"{bar(self.done, self.total)} {counts}  {elapsed:.0f} s{eta}"
+        """Return the progress line as it stands now, within ``columns``.
+
+        The label says what runs, so it is kept whole while a status with the counts and the
+        estimate fits beside it (a shorter bar, then none, then no clock); only on a terminal
+        too narrow for that is the label cut, beside the full status.
+        """
+        statuses = self._statuses(time.monotonic() - self._start)
+        for status in statuses:
+            if len(self.label) + 2 + len(status) <= columns - 1:
+                return f"{self.label}  {status}"
+        status = statuses[0]
         room = max(columns - 1 - len(status) - 2, 8)
-        label = self.label if len(self.label) <= room else self.label[: room - 3] + "..."
-        return f"{label}  {status}"
+        return f"{self.label[: room - 3]}...  {status}"
+
+    def _statuses(self, elapsed: float) -> list[str]:
+        """Return the status part of the line, from the fullest to the shortest."""
+        clock = f"{elapsed:.0f} s"
+        if self.done == 0:
+            return [f"starting (importing TensorFlow)  {clock}", f"starting  {clock}"]
+        left = remaining_s(self.done, self.total, elapsed, self._first_s)
+        end = clock if left is None else f"{clock}, ~{left:.0f} s left"
+        counts = f"{self.done}/{self.total} {self.unit}"
+        return [
+            f"{bar(self.done, self.total)} {counts}  {end}",
+            f"{bar(self.done, self.total, BAR_WIDTH // 2)} {counts}  {end}",
+            f"{counts}  {end}",
+            f"{counts}  {clock}" if left is None else f"{counts}, ~{left:.0f} s left",
+        ]
 
     def _tick(self) -> None:
         while not self._stop.wait(1.0):

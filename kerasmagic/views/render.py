@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import html
+import re
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -160,20 +162,75 @@ def snapshot_rows(snap: MemorySnapshot) -> list[Row]:
     ]
 
 
+STORED_ERROR = "sys.last_"
+_FRAME = re.compile(r"^(sys\.last_\w+ \([^:]+):")  # "sys.last_traceback (train: model)"
+
+
+def grouped_holders(holders: Sequence[str], remedies: Sequence[str]) -> list[tuple[str, str]]:
+    """Return ``(holder, remedy)`` pairs, the stored error's entries as one where the first was.
+
+    A model an error's frames keep is listed once per frame and local (``sys.last_traceback
+    (fit: self)``, ``sys.last_value (...)``, ...); two or more are shown once, as "the stored
+    error (8 frames)". A single entry stays as it is: it already says where the model is held.
+    """
+    pairs = [(h, remedies[i] if i < len(remedies) else "") for i, h in enumerate(holders)]
+    error = [i for i, h in enumerate(holders) if h.startswith(STORED_ERROR)]
+    if len(error) < 2:
+        return pairs
+    frames = len({m.group(1) for m in map(_FRAME.match, holders) if m is not None})
+    name = "the stored error" + (f" ({frames} frame{'s' if frames != 1 else ''})" if frames else "")
+    kept = [p for i, p in enumerate(pairs) if i not in error[1:]]
+    kept[error[0]] = (name, pairs[error[0]][1])
+    return kept
+
+
+def holder_text(holders: Sequence[str], remedies: Sequence[str]) -> str:
+    """Return the holders, those sharing a remedy together: ``Out[3], _, _3 → Free memory ...``."""
+    by_remedy: dict[str, list[str]] = {}
+    for holder, remedy in grouped_holders(holders, remedies):
+        shown = by_remedy.setdefault(remedy, [])
+        if holder not in shown:
+            shown.append(holder)
+    return "; ".join(
+        ", ".join(shown) + (f" → {remedy}" if remedy else "") for remedy, shown in by_remedy.items()
+    )
+
+
+def model_labels(models: Sequence[LiveModel]) -> list[str]:
+    """Return each model's name, told apart from another of the same name by what holds it.
+
+    Keras restarts its names after a reset, so two live models can both be ``sequential``:
+    ``sequential (held as model)``, ``sequential (held as Out[3])``, else ``#1``, ``#2``.
+    """
+    names = Counter(m.name for m in models)
+    labels = []
+    for m in models:
+        pairs = grouped_holders(m.holders, m.remedies)
+        unique = names[m.name] == 1 or not pairs
+        labels.append(m.name if unique else f"{m.name} (held as {pairs[0][0]})")
+    counts, seen = Counter(labels), Counter[str]()
+    for i, label in enumerate(labels):
+        if counts[label] > 1:
+            seen[label] += 1
+            labels[i] = f"{label} #{seen[label]}"
+    return labels
+
+
 def model_rows(models: Sequence[LiveModel]) -> list[Row]:
     """Return one row per live model: weights, traced graphs (estimated), holders, remedies."""
     if not models:
         return [("models", "no live Keras model")]
-    return [(f"{m.name} ({m.type})", _model_text(m)) for m in models]
+    labels = model_labels(models)
+    return [
+        (f"{label} ({m.type})", _model_text(m)) for label, m in zip(labels, models, strict=True)
+    ]
 
 
 def _model_text(m: LiveModel) -> str:
     size = f"weights {fmt_bytes(m.size_bytes)}"
     if m.traced_ops:
         size += f" + traced graphs {m.traced_ops:,} ops (≈{fmt_bytes(m.estimate_bytes)}, estimate)"
-    holders = "; ".join(
-        f"{holder} → {remedy}" for holder, remedy in zip(m.holders, m.remedies, strict=False)
-    ) or ", ".join(m.holders)
+    holders = holder_text(m.holders, m.remedies)
     verdict = "Free memory frees it" if m.freeable else "kept"
     return f"{size}; held by {holders} [{verdict}]"
 

@@ -57,12 +57,18 @@ class Badge extends Widget {
     this.node.dataset.km = 'cell-badge';
   }
 
-  render(memory: ICellMemory | null): void {
+  /**
+   * Show `memory`, the record of the cell's current run; or, with `previous`, the record of its
+   * previous run while the cell runs (or waits to run) again, marked as such; or nothing.
+   */
+  render(memory: ICellMemory | null, previous = false): void {
     this.setHidden(memory === null);
     if (memory === null) {
       return;
     }
     const d = this.node.dataset;
+    d.state = previous ? 'previous' : 'current';
+    this.toggleClass('jp-mod-previous', previous);
     d.executionCount = String(memory.execution_count);
     d.rssDelta = String(memory.rss_delta_bytes ?? '');
     d.peakRss = String(memory.peak_rss_bytes);
@@ -70,7 +76,7 @@ class Badge extends Widget {
     d.tfDelta = String(memory.tf_delta_bytes ?? '');
     d.modelsDelta = String(memory.models_delta ?? '');
     d.warning = memory.warning ? 'true' : 'false';
-    const text = badgeText(memory);
+    const text = (previous ? `previous run [${memory.execution_count}]: ` : '') + badgeText(memory);
     const children: (Node | string)[] = [text];
     if (memory.warning) {
       const mark = document.createElement('span');
@@ -79,7 +85,8 @@ class Badge extends Widget {
       children.push(' · ', mark);
     }
     this.node.replaceChildren(...children);
-    this.node.title = `kerasmagic, cell [${memory.execution_count}] (${memory.duration_s.toFixed(1)} s): ` +
+    this.node.title = (previous ? 'The cell runs again; until it ends, these are its previous run’s figures. ' : '') +
+      `kerasmagic, cell [${memory.execution_count}] (${memory.duration_s.toFixed(1)} s): ` +
       `RSS ${formatDelta(memory.rss_delta_bytes)} to ${formatBytes(memory.rss_bytes)}, ` +
       `in-cell peak ${formatBytes(memory.peak_rss_bytes)}` +
       (memory.gpu_bytes !== null ? `; VRAM ${formatDelta(memory.gpu_delta_bytes)} to ${formatBytes(memory.gpu_bytes)}` : '') +
@@ -152,18 +159,30 @@ export class CellBadges implements IDisposable {
         }
       };
       cell.model.metadataChanged.connect(again, this);
-      cell.model.stateChanged.connect((_, change) => change.name === 'executionCount' && again(), this);
+      // A re-run clears the count without a signal (a silent change): its running state says it.
+      cell.model.stateChanged.connect(
+        (_, change) => (change.name === 'executionCount' || change.name === 'executionState') && again(), this);
     }
-    const memory = readCellMemory(cell.model.getMetadata(METADATA_KEY));
-    const current = (cell.model as { executionCount?: number | null }).executionCount ?? null;
+    const memory = this._settings.show ? readCellMemory(cell.model.getMetadata(METADATA_KEY)) : null;
+    const model = cell.model as { executionCount?: number | null; executionState?: string };
+    const current = model.executionCount ?? null;
     if (badge.node.nextElementSibling !== null && badge.node.parentElement === cell.node) {
       cell.node.appendChild(badge.node);
     }
-    badge.render(this._settings.show && memory !== null && memory.execution_count === current ? memory : null);
+    if (model.executionState === 'running') {
+      // Running or queued again: a record that was shown is the previous run's until the new one.
+      badge.render(memory !== null && this._shown.get(cell) === memory.execution_count ? memory : null, true);
+    } else {
+      const shown = memory !== null && memory.execution_count === current ? memory : null;
+      this._shown.set(cell, shown?.execution_count ?? null);
+      badge.render(shown);
+    }
   }
 
   private _panel: NotebookPanel;
   private _settings: BadgeSettings;
   private _disposed = false;
   private _badges = new WeakMap<Cell, Badge>();
+  /** The execution count of the record each cell's badge showed as current when it last ran. */
+  private _shown = new WeakMap<Cell, number | null>();
 }

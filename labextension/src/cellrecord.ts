@@ -8,7 +8,7 @@ import { NotebookPanel } from '@jupyterlab/notebook';
 import { IDisposable } from '@lumino/disposable';
 
 import { MemoryModel, gpuUsedBytes, tfBytes } from './model';
-import { ICellMessage } from './protocol';
+import { ICellRecord } from './protocol';
 
 /** The cell-metadata key of the record. */
 export const METADATA_KEY = 'kerasmagic';
@@ -30,9 +30,8 @@ export interface ICellMemory {
   warning: string | null;
 }
 
-/** Return the metadata record of one pushed cell record. */
-export function cellMemory(message: ICellMessage): ICellMemory {
-  const c = message.cell;
+/** Return the metadata record of one cell record, with the leak detector's mark for it. */
+export function cellMemory(c: ICellRecord, warning: string | null): ICellMemory {
   const gpu = gpuUsedBytes(c.end);
   return {
     execution_count: c.execution_count,
@@ -46,7 +45,7 @@ export function cellMemory(message: ICellMessage): ICellMemory {
     models_delta: c.delta.live_models ?? null,
     tf_bytes: tfBytes(c.end),
     tf_delta_bytes: c.delta.tf_current_bytes ?? null,
-    warning: message.warning ?? null
+    warning
   };
 }
 
@@ -69,11 +68,21 @@ const KEEP = 200; // unmatched records and counts remembered per kernel
  * whichever comes first waits for the other. Only counts that a run from this page gave a
  * cell since this kernel (re)started are matched: a cell still showing [5] from the file or
  * from before a restart is never mistaken for this kernel's cell 5.
+ *
+ * Records also come in the history of a `state` message. That matters for Run All: the comm's
+ * hello reaches the kernel only after every queued cell has run (JupyterLab sends it to the
+ * main shell, behind them), so the cells after `%load_ext kerasmagic` get no `cell` message;
+ * their records are in the history the kernel answers the hello with.
  */
 export class CellRecorder implements IDisposable {
   constructor(panel: NotebookPanel, model: MemoryModel) {
     this._panel = panel;
-    model.cellRecorded.connect((_, message) => this._onRecord(message), this);
+    model.cellRecorded.connect((_, message) => this._onRecord(message.cell, message.warning ?? null), this);
+    model.historyReceived.connect((_, history) => {
+      for (const record of history) {
+        this._onRecord(record, record.warning ?? null);
+      }
+    }, this);
     model.kernelRestarted.connect(() => {
       this._waiting.clear();
       this._ran.clear();
@@ -119,8 +128,8 @@ export class CellRecorder implements IDisposable {
     watch();
   }
 
-  private _onRecord(message: ICellMessage): void {
-    const memory = cellMemory(message);
+  private _onRecord(record: ICellRecord, warning: string | null): void {
+    const memory = cellMemory(record, warning);
     const cell = this._ran.get(memory.execution_count);
     if (cell !== undefined && !cell.isDisposed) {
       this._ran.delete(memory.execution_count);

@@ -56,6 +56,35 @@ function bars(cells: ReadonlyArray<ICellRecord>, useGpu: boolean): IBar[] {
   });
 }
 
+const JUMP_FLOOR = 16 * MB; // a change below this is never clipped away
+const JUMP_RATIO = 3; // a jump is this many times larger than everything after it spans
+const MIN_AFTER = 2; // cells after a jump needed to scale to them
+
+/**
+ * Return the index of the first bar the axis is scaled to: the one after the most recent jump
+ * (the import cell's +535 MB before re-runs of a few MB), else 0. A bar is a jump when its
+ * change is at least 16 MB and three times the span of everything after it (at least two
+ * cells, and the live line), so the re-runs the user watches fill the chart; the newest cells
+ * are always in scale.
+ */
+export function scaleFrom(shown: ReadonlyArray<IBar>, live: ReadonlyArray<number>): number {
+  let lo = Math.min(...live);
+  let hi = Math.max(...live);
+  for (let i = shown.length - 1; i >= 0; i--) {
+    const b = shown[i];
+    const change = Math.abs(b.end - b.start);
+    const after = shown.length - 1 - i;
+    lo = Math.min(lo, b.end);
+    hi = Math.max(hi, b.end);
+    if (after >= MIN_AFTER && change >= JUMP_FLOOR && change > JUMP_RATIO * (hi - lo)) {
+      return i + 1;
+    }
+    lo = Math.min(lo, b.start, b.peak);
+    hi = Math.max(hi, b.start, b.peak);
+  }
+  return 0;
+}
+
 /** Return a "nice" [lo, hi] around the values: at least 4 MB wide, padded by a tenth. */
 export function axisRange(values: number[]): [number, number] {
   let lo = Math.min(...values);
@@ -71,20 +100,23 @@ function mbLabel(n: number): string {
 }
 
 const LABEL_GAP = 34; // a "+48 MB" label's width at the chart's font size
+const CHAR_W = 5.5; // a digit's width at the chart's 9 px font, for keeping labels in the plot
 
 /**
- * Label the largest changes (at least 1 MB and a quarter of the largest), biggest first,
- * skipping any that would overlap a label already placed.
+ * Label the changes worth a label, skipping any that would overlap a label already placed:
+ * first the jumps the axis cuts (their size is only in the label), then, biggest first, the
+ * changes in scale of at least 1 MB and a quarter of the largest of them.
  */
-function labelled(shown: IBar[], step: number): Set<number> {
+function labelled(shown: IBar[], step: number, from: number, cut: (b: IBar) => boolean): Set<number> {
   const big = (b: IBar): number => Math.abs(b.end - b.start);
-  const largest = Math.max(0, ...shown.map(big));
-  const order = shown.map((_, i) => i).sort((a, b) => big(shown[b]) - big(shown[a]));
+  const largest = Math.max(0, ...shown.slice(from).map(big));
+  const bySize = (a: number, b: number): number => big(shown[b]) - big(shown[a]);
+  const indices = shown.map((_, i) => i);
+  const jumps = indices.filter(i => cut(shown[i]) && big(shown[i]) >= JUMP_FLOOR).sort(bySize);
+  const changes = indices.filter(i => i >= from && !cut(shown[i]) && big(shown[i]) >= Math.max(MB, largest / 4))
+    .sort(bySize);
   const out = new Set<number>();
-  for (const i of order) {
-    if (big(shown[i]) < Math.max(MB, largest / 4)) {
-      break;
-    }
+  for (const i of [...jumps, ...changes]) {
     if ([...out].every(j => Math.abs(i - j) * step >= LABEL_GAP)) {
       out.add(i);
     }
@@ -111,9 +143,15 @@ export function historyChart(
       h('div', 'jp-kerasmagic-note', 'No cells recorded yet.'));
     return box;
   }
-  const values = [...shown.flatMap(b => [b.start, b.end, b.peak]), ...livePts.map(p => p.v)];
+  const from = scaleFrom(shown, livePts.map(p => p.v));
+  const inScale = shown.slice(from);
+  const values = [...inScale.flatMap(b => [b.start, b.end, b.peak]), ...livePts.map(p => p.v)];
+  if (from > 0) {
+    values.push(shown[from - 1].end); // the level the jump reached: where the re-runs start
+  }
   const [lo, hi] = axisRange(values);
   const y = (v: number): number => BOTTOM - ((v - lo) / (hi - lo)) * (BOTTOM - TOP);
+  const clip = (v: number): number => Math.max(TOP, Math.min(BOTTOM, y(v)));
   const columns = Math.max(shown.length, MIN_COLUMNS);
   const slots = columns + (livePts.length ? LIVE_SLOTS : 0);
   const step = (W - LEFT - RIGHT) / slots;
@@ -124,29 +162,45 @@ export function historyChart(
     chart.append(svg('line', { x1: LEFT, x2: W - RIGHT, y1: y(v), y2: y(v), class: 'jp-kerasmagic-grid' }));
     chart.append(svg('text', { x: LEFT - 4, y: y(v) + 3, 'text-anchor': 'end', class: `jp-kerasmagic-axis jp-mod-${cls}` }, mbLabel(v)));
   }
-  const marks = labelled(shown, step);
+  const isCut = (b: IBar): boolean => Math.max(b.start, b.end) > hi || Math.min(b.start, b.end) < lo;
+  const marks = labelled(shown, step, from, isCut);
+  let clipped = 0;
   shown.forEach((b, i) => {
     const x = LEFT + i * step + step * 0.15;
     const width = step * 0.7;
     const up = b.end >= b.start;
-    const top = y(Math.max(b.start, b.end));
+    const [top, bottom] = [clip(Math.max(b.start, b.end)), clip(Math.min(b.start, b.end))];
+    const cut = isCut(b);
     const rect = svg('rect', {
-      x, width, y: top, height: Math.max(1.5, Math.abs(y(b.start) - y(b.end))),
-      class: up ? 'jp-kerasmagic-up' : 'jp-kerasmagic-down'
+      x, width, y: Math.min(top, BOTTOM - 1.5), height: Math.max(1.5, bottom - top),
+      class: (up ? 'jp-kerasmagic-up' : 'jp-kerasmagic-down') + (cut ? ' jp-mod-clipped' : '')
     });
     rect.append(svg('title', {}, `[${b.count}] ${formatDelta(b.end - b.start)} to ${formatBytes(b.end)}, ` +
-      `peak ${formatBytes(b.peak)}, ${b.duration.toFixed(1)} s`));
+      `peak ${formatBytes(b.peak)}, ${b.duration.toFixed(1)} s` + (cut ? ' (beyond the axis: cut)' : '')));
     chart.append(rect);
-    if (b.peak > Math.max(b.start, b.end) + 0.005 * (hi - lo)) {
+    if (cut) {
+      clipped++;
+      rect.dataset.count = String(b.count);
+      // A break across the bar where the axis cuts it: what lies beyond is not drawn to scale.
+      const at = Math.min(b.start, b.end) < lo ? BOTTOM - 4 : TOP + 4;
+      chart.append(svg('path', {
+        d: `M${x - 1} ${at + 1.5} l${width / 2 + 1} -3 l${width / 2 + 1} 3`, class: 'jp-kerasmagic-break'
+      }));
+    }
+    if (b.peak > Math.max(b.start, b.end) + 0.005 * (hi - lo) && b.peak <= hi) {
       chart.append(svg('line', { x1: x, x2: x + width, y1: y(b.peak), y2: y(b.peak), class: 'jp-kerasmagic-peak-line' }));
     }
     if (marks.has(i)) {
-      const label = svg('text', { x: x + width / 2, y: Math.max(9, top - 3), 'text-anchor': 'middle', class: 'jp-kerasmagic-delta' },
-        formatDelta(b.end - b.start).replace('.0 ', ' '));
+      const text = formatDelta(b.end - b.start).replace('.0 ', ' ');
+      // Inside the plot: never over the axis labels on the left, nor past the right edge.
+      const half = (text.length * CHAR_W) / 2;
+      const cx = Math.min(W - RIGHT - half, Math.max(LEFT + 2 + half, x + width / 2));
+      const label = svg('text', { x: cx, y: Math.max(9, top - 3), 'text-anchor': 'middle', class: 'jp-kerasmagic-delta' }, text);
       label.dataset.count = String(b.count);
       chart.append(label);
     }
   });
+  chart.dataset.clipped = String(clipped);
   if (shown.length) {
     const first = shown[0].count;
     const last = shown[shown.length - 1].count;
@@ -165,7 +219,8 @@ export function historyChart(
     chart.append(line);
     chart.append(svg('text', { x: W - RIGHT, y: H - 4, 'text-anchor': 'end', class: 'jp-kerasmagic-axis' }, 'now'));
   }
-  const range = `axis ${mbLabel(lo)} to ${mbLabel(hi)}`;
+  const range = `axis ${mbLabel(lo)} to ${mbLabel(hi)}` +
+    (clipped ? `, scaled to the cells after [${shown[from - 1].count}]; ${clipped} cell${clipped === 1 ? '' : 's'} beyond it cut` : '');
   chart.setAttribute('aria-label', shown.length
     ? `${what} over cells ${shown[0].count} to ${shown[shown.length - 1].count}: from ${formatBytes(shown[0].start)} ` +
       `to ${formatBytes(shown[shown.length - 1].end)}; ${range}` + (livePts.length ? '; a cell is running' : '')
@@ -173,12 +228,12 @@ export function historyChart(
   box.append(
     h('div', 'jp-kerasmagic-section-title', `${what} over the last ${shown.length} cells`),
     chart,
-    legend(livePts.length > 0)
+    legend(livePts.length > 0, clipped > 0)
   );
   return box;
 }
 
-function legend(live: boolean): HTMLElement {
+function legend(live: boolean, clipped: boolean): HTMLElement {
   const item = (cls: string, text: string): HTMLElement =>
     h('span', 'jp-kerasmagic-legend-item', h('span', `jp-kerasmagic-swatch ${cls}`), text);
   const items = [
@@ -188,6 +243,9 @@ function legend(live: boolean): HTMLElement {
   ];
   if (live) {
     items.push(item('jp-kerasmagic-live-swatch', 'running cell'));
+  }
+  if (clipped) {
+    items.push(item('jp-kerasmagic-break-swatch', 'cut: beyond the axis'));
   }
   const el = h('div', 'jp-kerasmagic-legend', ...items);
   el.setAttribute('aria-hidden', 'true');

@@ -15,6 +15,7 @@ import { BadgeSettings, CellBadges } from './badges';
 import { CellRecorder } from './cellrecord';
 import { MemoryModel } from './model';
 import { NotebookModels } from './notebooks';
+import { ReportLines } from './reportlines';
 import { MemoryPanel, MemoryStatus } from './widget';
 
 const PANEL_ID = 'kerasmagic-memory';
@@ -93,9 +94,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const attach = (panel: NotebookPanel, model: MemoryModel): void => {
       const recorder = new CellRecorder(panel, model);
       const badges = new CellBadges(panel, badgeSettings);
+      const reports = new ReportLines(panel);
       panel.disposed.connect(() => {
         recorder.dispose();
         badges.dispose();
+        reports.dispose();
       });
     };
     models.forEach(attach);

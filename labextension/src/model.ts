@@ -156,6 +156,10 @@ export class MemoryModel implements IDisposable {
   get cellRecorded(): ISignal<this, ICellMessage> {
     return this._cellRecorded;
   }
+  /** Emitted with the cell records a `state` message carries (on connecting to a kernel). */
+  get historyReceived(): ISignal<this, ReadonlyArray<ICellRecord>> {
+    return this._historyReceived;
+  }
   /** Emitted when this model's kernel changes or restarts (execution counts start over). */
   get kernelRestarted(): ISignal<this, void> {
     return this._kernelRestarted;
@@ -348,6 +352,7 @@ export class MemoryModel implements IDisposable {
         this._history = message.history.slice(-HISTORY_CELLS);
         this._verdict = message.verdict;
         this._setSnapshot(message.snapshot);
+        this._historyReceived.emit(message.history);
         break;
       case 'sample':
         this._setSnapshot(message.snapshot);
@@ -499,6 +504,7 @@ export class MemoryModel implements IDisposable {
   private _active = false;
   private _running: ILivePoint[] = [];
   private _cellRecorded = new Signal<this, ICellMessage>(this);
+  private _historyReceived = new Signal<this, ReadonlyArray<ICellRecord>>(this);
   private _kernelRestarted = new Signal<this, void>(this);
   private _channel: KernelChannel | null = null;
   private _poll: Poll;

@@ -81,6 +81,11 @@ export interface ICellRecord {
   peak_rss_bytes: number;
   peak_gpu_bytes: number | null;
   source_hash: string;
+  /**
+   * In a `state` or `history` reply: the leak detector's message when it flagged this run
+   * (as a `cell` message's `warning`); absent from kernels that do not send it.
+   */
+  warning?: string | null;
 }
 
 /** The leak detector's verdict. */
@@ -101,6 +106,8 @@ export interface ICleanupReport {
   tf_freed_bytes: number | null;
   elapsed_s: number;
   notes: string[];
+  /** TensorFlow's custom-gradient entries the cleanup purged (null without TensorFlow). */
+  purge?: { dropped: number; kept: number; unknown: number; message: string | null } | null;
 }
 
 /** One live Keras model from a scan (`LiveModel` in kerasmagic/cleanup/holders.py). */

@@ -6,6 +6,7 @@
  */
 import { h } from './dom';
 import { formatBytes } from './format';
+import { holderLines, isGroup, modelDistinctions } from './holders';
 import { MemoryModel } from './model';
 import { ILiveModel, IVariable } from './protocol';
 import { IScanState } from './scan';
@@ -21,41 +22,63 @@ function table(key: string, caption: string, columns: string[], rows: HTMLElemen
   );
 }
 
+/**
+ * The models' table. Each row is laid out as a block (the model, then what holds it, under it)
+ * to read at the sidebar's width, so every part states its table role: CSS `display` must not
+ * take the table's meaning away from screen readers.
+ */
+function modelTable(rows: HTMLElement[]): HTMLElement {
+  const el = table('scan-models', 'Live Keras models', ['Model', 'Held by → what frees it'], rows);
+  el.setAttribute('role', 'table');
+  for (const [selector, role] of [['thead, tbody', 'rowgroup'], ['tr', 'row'], ['th[scope="col"]', 'columnheader'],
+    ['th[scope="row"]', 'rowheader'], ['td', 'cell']]) {
+    el.querySelectorAll(selector).forEach(node => node.setAttribute('role', role));
+  }
+  return el;
+}
+
+/** A figure and its unit that never break apart (`72 B weights`). */
+function figure(text: string): HTMLElement {
+  return h('span', { class: 'jp-kerasmagic-nowrap' }, text);
+}
+
 /** Holders that share a remedy, as one line each: `Out[7], _, _7 → Free memory clears it`. */
-function holderLines(m: ILiveModel): HTMLElement {
-  const byRemedy = new Map<string, string[]>();
-  m.holders.forEach((holder, i) => {
-    const remedy = m.remedies[i] ?? '';
-    const seen = byRemedy.get(remedy) ?? [];
-    if (!seen.includes(holder)) {
-      byRemedy.set(remedy, [...seen, holder]);
+function holderList(m: ILiveModel): HTMLElement {
+  const items = holderLines(m.holders, m.remedies).map(line => {
+    // The kernel's names in code type; words that stand for several names in plain type.
+    const names = line.items.flatMap((holder, i) => [i ? ', ' : '',
+      isGroup(holder) ? holder.shown : h('code', {}, holder.shown)]);
+    const item = h('li', {}, ...names, line.remedy ? ` → ${line.remedy}` : '');
+    const groups = line.items.filter(isGroup);
+    if (groups.length) {
+      item.title = groups.map(g => `${g.shown}: ${g.exact.join('; ')}`).join('\n');
     }
+    return item;
   });
-  const items = [...byRemedy].map(([remedy, holders]) =>
-    h('li', {}, h('code', {}, holders.join(', ')), remedy ? ` → ${remedy}` : '')
-  );
   return h('ul', { class: 'jp-kerasmagic-holders' }, ...items);
 }
 
-/** One model: name, class and sizes, the "Free memory" mark; then its holders and remedies. */
-function modelRow(m: ILiveModel): HTMLElement {
+/** One model: name (told apart from another of the same name), class and sizes, the "Free
+ * memory" mark; then its holders and remedies. */
+function modelRow(m: ILiveModel, distinction: string): HTMLElement {
   const estimate = m.estimate_bytes !== null && m.estimate_bytes > 0
     ? h('div', { class: 'jp-kerasmagic-estimate', title: `${m.traced_ops ?? '?'} ops in its traced graphs` },
-      `≈ ${formatBytes(m.estimate_bytes)} traced graphs (estimate)`)
+      '≈ ', figure(formatBytes(m.estimate_bytes)), ' traced graphs (estimate)')
     : null;
   const mark = m.freeable
     ? h('div', { class: 'jp-kerasmagic-freeable' }, '✓ freed by Free memory')
     : h('div', {}, 'not freed by Free memory');
+  const which = distinction ? h('span', { class: 'jp-kerasmagic-model-which' }, ` (${distinction})`) : null;
   return h(
     'tr',
-    { 'data-km': 'scan-model', 'data-name': m.name, 'data-bytes': String(m.size_bytes),
-      'data-freeable': String(m.freeable) },
+    { 'data-km': 'scan-model', 'data-name': m.name, 'data-label': m.name + (distinction ? ` (${distinction})` : ''),
+      'data-bytes': String(m.size_bytes), 'data-freeable': String(m.freeable) },
     h('th', { scope: 'row' },
-      h('div', { class: 'jp-kerasmagic-model-name' }, m.name),
-      h('div', { class: 'jp-kerasmagic-model-size' }, `${m.type} · ${formatBytes(m.size_bytes)} weights`),
+      h('div', { class: 'jp-kerasmagic-model-name' }, m.name, which),
+      h('div', { class: 'jp-kerasmagic-model-size' }, `${m.type} · `, figure(`${formatBytes(m.size_bytes)} weights`)),
       estimate,
       mark),
-    h('td', {}, holderLines(m))
+    h('td', {}, holderList(m))
   );
 }
 
@@ -65,7 +88,7 @@ function variableRow(v: IVariable): HTMLElement {
     { 'data-km': 'scan-variable', 'data-name': v.name, 'data-bytes': String(v.size_bytes) },
     h('th', { scope: 'row' }, h('code', {}, v.name)),
     h('td', {}, v.type),
-    h('td', {}, formatBytes(v.size_bytes))
+    h('td', {}, figure(formatBytes(v.size_bytes)))
   );
 }
 
@@ -133,9 +156,10 @@ export class ScanSection {
       this._tables.replaceChildren();
       return;
     }
+    const distinctions = modelDistinctions(s.models);
     this._tables.replaceChildren(
-      table('scan-models', 'Live Keras models', ['Model', 'Held by → what frees it'],
-        s.models.length ? s.models.map(modelRow) : [emptyRow(2, 'No live Keras model.')]),
+      modelTable(s.models.length ? s.models.map((m, i) => modelRow(m, distinctions[i]))
+        : [emptyRow(2, 'No live Keras model.')]),
       table('scan-variables', 'Largest data (yours; never freed)', ['Name', 'Type', 'Size'],
         s.variables.length ? s.variables.map(variableRow)
           : [emptyRow(3, 'No array, DataFrame or tensor in the namespace.')])

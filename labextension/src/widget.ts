@@ -8,9 +8,10 @@ import { Widget } from '@lumino/widgets';
 import { h } from './dom';
 import { formatBytes, formatDelta, percent } from './format';
 import { historyChart } from './chart';
+import { droppedText } from './holders';
 import { IFreeState, MemoryModel, gpuUsedBytes, tfBytes } from './model';
 import { NotebookModels } from './notebooks';
-import { IGpuDevice, ISnapshot } from './protocol';
+import { ICleanupReport, IGpuDevice, ISnapshot } from './protocol';
 import { ScanSection } from './scanview';
 
 /** A bar: this kernel's share, other processes, free; with an optional peak tick. */
@@ -21,7 +22,8 @@ function gauge(
   others: number,
   total: number,
   note: string,
-  peak: number | null = null
+  peak: number | null = null,
+  explain = ''
 ): HTMLElement {
   const bar = h(
     'div',
@@ -32,34 +34,43 @@ function gauge(
   if (peak !== null && peak > mine) {
     bar.append(h('div', { class: 'jp-kerasmagic-peak', style: `left:${percent(peak, total)}%` }));
   }
-  const value = `${formatBytes(mine)} / ${formatBytes(total)}`;
+  const value = `${formatBytes(mine)} of ${formatBytes(total)}`;
   bar.setAttribute('role', 'progressbar');
-  bar.setAttribute('aria-label', label);
+  bar.setAttribute('aria-label', explain ? `${label}: ${explain}` : label);
   bar.setAttribute('aria-valuemin', '0');
   bar.setAttribute('aria-valuemax', String(total));
   bar.setAttribute('aria-valuenow', String(Math.min(mine, total)));
   bar.setAttribute('aria-valuetext', `${value} (${note})`);
+  const title = h('span', { class: 'jp-kerasmagic-gauge-title' }, label);
+  if (explain) {
+    title.title = explain;
+    title.classList.add('jp-kerasmagic-term');
+  }
   return h(
     'div',
     { class: 'jp-kerasmagic-gauge', 'data-km': key, 'data-bytes': String(mine) },
-    h(
-      'div',
-      { class: 'jp-kerasmagic-gauge-label' },
-      h('span', {}, label),
-      h('span', { class: 'jp-kerasmagic-value' }, value)
-    ),
+    h('div', { class: 'jp-kerasmagic-gauge-label' }, title, h('span', { class: 'jp-kerasmagic-value' }, value)),
     bar,
     h('div', { class: 'jp-kerasmagic-note' }, note)
   );
 }
 
+/** The peak figure shown: never below the current one (an older kernel may send a lower one). */
+export function shownPeak(rss: number, peak: number | null): number | null {
+  return peak === null ? null : Math.max(peak, rss);
+}
+
 function ramGauge(s: ISnapshot): HTMLElement {
   const used = s.ram.total_bytes - s.ram.available_bytes;
-  const peak = s.ram.peak_rss_bytes;
-  const note = `this kernel; ${formatBytes(s.ram.available_bytes)} of host RAM free` +
-    (peak !== null ? `; peak ${formatBytes(peak)}` : '');
-  return gauge('rss', 'RSS (host RAM)', s.ram.rss_bytes, Math.max(0, used - s.ram.rss_bytes),
-    s.ram.total_bytes, note, peak);
+  const peak = shownPeak(s.ram.rss_bytes, s.ram.peak_rss_bytes);
+  const note = (peak !== null ? `peak ${formatBytes(peak)} · ` : '') +
+    `${formatBytes(s.ram.available_bytes)} of host RAM free`;
+  const gaugeEl = gauge('rss', 'RAM', s.ram.rss_bytes, Math.max(0, used - s.ram.rss_bytes),
+    s.ram.total_bytes, note, peak,
+    'RSS (resident set size): the host RAM this kernel’s process holds; on a bar of the host’s ' +
+    'RAM, other processes in grey');
+  gaugeEl.dataset.peak = String(peak ?? '');
+  return gaugeEl;
 }
 
 function gpuGauge(d: IGpuDevice): HTMLElement {
@@ -99,7 +110,7 @@ function tfLines(s: ISnapshot): HTMLElement {
 }
 
 /** A count tile, or nothing when the kernel does not know the figure (no "–" placeholders). */
-function fact(key: string, label: string, value: number | null): HTMLElement | null {
+function fact(key: string, label: string, term: string, value: number | null): HTMLElement | null {
   if (value === null) {
     return null;
   }
@@ -107,8 +118,47 @@ function fact(key: string, label: string, value: number | null): HTMLElement | n
     'div',
     { class: 'jp-kerasmagic-fact', 'data-km': key, 'data-value': String(value) },
     h('span', { class: 'jp-kerasmagic-fact-value' }, String(value)),
-    h('span', { class: 'jp-kerasmagic-fact-label' }, label)
+    h('span', { class: 'jp-kerasmagic-fact-label jp-kerasmagic-term', title: term }, label)
   );
+}
+
+/** Each tile: plain words first, the technical term and what it means in the tooltip. */
+export const TILES: Record<'models' | 'graphOps' | 'gradients' | 'functions', [string, string]> = {
+  models: ['Keras models in memory',
+    'Live Keras models: every Keras model still reachable in the kernel (your names, Out[], ' +
+    'callbacks, a stored error). Scan, below, says what holds each.'],
+  graphOps: ['TensorFlow graph operations',
+    'Default-graph ops: operations in TensorFlow’s default graph. It grows when graph-mode ' +
+    '(tf.compat.v1) code builds ops again at every run, and each call gets slower.'],
+  gradients: ['training graphs kept',
+    'Custom gradients: entries in TensorFlow’s gradient registry. Each model’s first fit() adds ' +
+    'one that keeps its traced training graph alive; Free memory purges those of dropped models.'],
+  functions: ['compiled TF functions',
+    'Traced tf.functions: Python functions TensorFlow has traced into graphs, each trace kept. ' +
+    'Counted on opening and after Free memory, not after every cell.']
+};
+
+/** A finished cleanup in words: what it dropped, or, when it dropped nothing, what it freed. */
+export function cleanupText(report: ICleanupReport, rssBefore: number | null, rssAfter: number | null): string {
+  const rss = rssBefore !== null && rssAfter !== null
+    ? ` (RSS ${formatBytes(rssBefore)} → ${formatBytes(rssAfter)})` : '';
+  const ram = report.freed_bytes > 0 ? formatBytes(report.freed_bytes) : '';
+  const tensors = (report.tf_freed_bytes ?? 0) > 0 ? `${formatBytes(report.tf_freed_bytes)} of TensorFlow tensors` : '';
+  const purged = report.purge?.dropped ?? 0;
+  const graphs = purged ? `; purged ${purged} kept training graph${purged === 1 ? '' : 's'} (custom gradients)` : '';
+  const dropped = droppedText(report.dropped);
+  let text: string;
+  if (dropped.length) {
+    const freed = [ram, tensors].filter(Boolean).join(' and ');
+    text = (freed ? `Freed ${freed}${rss}` : `RSS did not fall${rss}`) + `: dropped ${dropped.join(', ')}${graphs}.`;
+  } else if (ram || tensors) {
+    text = 'No model to drop; ' + [ram ? `returned ${ram} of freed memory to the OS${rss}` : '',
+      tensors ? `freed ${tensors}` : ''].filter(Boolean).join(' and ') + `${graphs}.`;
+  } else {
+    text = `Nothing to free: no model to drop${rss}${graphs}.`;
+  }
+  return text + (report.not_freed.length ? ` Not freed: ${report.not_freed.join(', ')}.` : '') +
+    (report.kept.length ? ` Still alive under a name: ${report.kept.join(', ')}.` : '');
 }
 
 function freeText(free: IFreeState): string {
@@ -121,21 +171,8 @@ function freeText(free: IFreeState): string {
       return 'Freeing memory…';
     case 'failed':
       return `Free memory failed: ${free.summary}.`;
-    case 'done': {
-      const report = free.report;
-      if (report === null) {
-        return free.summary;
-      }
-      const fell = free.rssBeforeBytes !== null && free.rssAfterBytes !== null
-        ? `; RSS ${formatBytes(free.rssBeforeBytes)} → ${formatBytes(free.rssAfterBytes)}`
-        : '';
-      const dropped = report.dropped.length ? report.dropped.join(', ') : 'nothing';
-      const tensors = report.tf_freed_bytes
-        ? ` and ${formatBytes(report.tf_freed_bytes)} of TensorFlow tensors`
-        : '';
-      return `Freed ${(report.freed_bytes / 2 ** 20).toFixed(1)} MB${fell}${tensors}. Dropped: ${dropped}. ` +
-        (report.kept.length ? `Still alive under a name: ${report.kept.join(', ')}.` : '');
-    }
+    case 'done':
+      return free.report === null ? free.summary : cleanupText(free.report, free.rssBeforeBytes, free.rssAfterBytes);
   }
 }
 
@@ -246,10 +283,10 @@ export class MemoryPanel extends Widget {
         : [h('div', { class: 'jp-kerasmagic-line', 'data-km': 'gpu' }, h('b', {}, 'GPU '), s.gpu.message ?? s.gpu.status)]),
       tfLines(s),
       h('div', { class: 'jp-kerasmagic-facts' },
-        fact('live-models', 'live Keras models', s.keras.live_models),
-        fact('graph-ops', 'default-graph ops', s.graph.default_graph_ops),
-        fact('custom-gradients', 'custom gradients', s.graph.custom_gradients),
-        fact('functions', 'traced tf.functions', m.functions)),
+        fact('live-models', ...TILES.models, s.keras.live_models),
+        fact('graph-ops', ...TILES.graphOps, s.graph.default_graph_ops),
+        fact('custom-gradients', ...TILES.gradients, s.graph.custom_gradients),
+        fact('functions', ...TILES.functions, m.functions)),
       historyChart(m.history, m.running, gpus.length > 0),
       leakBanner(m)
     );

@@ -95,7 +95,7 @@ def test_sidebar_follows_the_kernel_and_frees_memory(lab: Server, page: Any) -> 
         timeout_s=60,
     )
     result = page.inner_text('[data-km="free-result"]')
-    assert "Out[" in result and "sys.last_" in result and "kept" in result, result
+    assert "Out[" in result and "the stored error" in result and "kept" in result, result
     after = _figure(page, "rss")
     assert after < held - 250 * MB, (held, after, result)
     assert page.get_attribute('[data-km="kernel"]', "data-pid") == str(pid)
