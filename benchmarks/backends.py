@@ -121,7 +121,7 @@ def variant(
         )
         rss, resets, figures = [], [], []
         for _ in range(runs):
-            found = re.search(r"freed -?[\d.]+ MB in ([\d.]+) s", kernel.run(cell))
+            found = re.search(r"freed -?[\d.]+ MB of RAM.*? in ([\d.]+) s;", kernel.run(cell))
             if found:
                 resets.append(float(found.group(1)))
             rss.append(kernel.rss_mb())

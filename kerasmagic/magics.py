@@ -25,7 +25,7 @@ from kerasmagic.native.heap import MAX_MB, pin_mmap_threshold
 from kerasmagic.probes import read_ram
 from kerasmagic.probes.variables import largest_variables
 from kerasmagic.snapshot import take_snapshot
-from kerasmagic.units import fmt_bytes
+from kerasmagic.units import signed_bytes
 from kerasmagic.views.render import (
     Table,
     freed_row,
@@ -212,8 +212,8 @@ class KerasMagics(Magics):
 
         def report_line() -> None:
             if not args.quiet:
-                cell_delta = fmt_bytes(read_ram().rss_bytes - rss_before)
-                print(f"kerasmagic: {report.summary()}; cell RSS {cell_delta}")
+                cell_delta = signed_bytes(read_ram().rss_bytes - rss_before)
+                print(f"kerasmagic: {report.summary()}; the cell then took {cell_delta} of RAM")
 
         return runner.run(self.ip, compiled, report_line)
 

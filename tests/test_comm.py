@@ -339,6 +339,22 @@ def test_a_cell_message_carries_the_warning_only_for_the_cell_it_flags(
     assert all(c["warning"] is None for c in sidebar.sent("cell")[:2])
 
 
+def test_history_records_carry_the_warning_their_cell_message_carried(
+    manager: Manager, shell: InteractiveShell, sidebar: RecordingComm
+) -> None:
+    """After Run All the frontend gets its records from the history, not from cell pushes
+    (its comm opens behind the queued cells): the marks must come with the history too."""
+    run(shell, "keep = []")
+    for _ in range(3):
+        run(shell, "keep.append(b'\\x01' * (12 * 2**20))")
+    run(shell, "y = 1")
+    pushed = {c["cell"]["execution_count"]: c["warning"] for c in sidebar.sent("cell")}
+    send(manager, {"protocol": 1, "type": "history", "id": "h-2"})
+    (reply,) = [m for m in sidebar.sent("reply") if m["id"] == "h-2"]
+    recorded = {r["execution_count"]: r["warning"] for r in reply["history"]}
+    assert recorded == {n: pushed[n] for n in recorded} and any(recorded.values())
+
+
 def _model(reply: dict[str, Any], holder: str) -> dict[str, Any]:
     (model,) = [m for m in reply["models"] if holder in m["holders"]]
     return model

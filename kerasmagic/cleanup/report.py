@@ -29,9 +29,10 @@ class CleanupReport:
         """Return the one-line report shown after a ``%%fresh_model`` cell."""
         if self.dry_run:
             return f"dry run: would drop {_names(self.dropped)}; would keep {_names(self.kept)}"
-        parts = [f"freed {self.freed_bytes / MB:.1f} MB in {self.elapsed_s:.2f} s"]
+        freed = f"freed {self.freed_bytes / MB:.1f} MB of RAM"
         if self.tf_freed_bytes:  # None: no allocator statistics; 0: nothing to say
-            parts[0] += f" (RSS) and {self.tf_freed_bytes / MB:.1f} MB of TensorFlow tensors"
+            freed += f" and {self.tf_freed_bytes / MB:.1f} MB of TensorFlow tensors"
+        parts = [f"{freed} in {self.elapsed_s:.2f} s"]
         parts.append(f"dropped {_names(self.dropped)}")
         parts += self.released
         if self.kept:

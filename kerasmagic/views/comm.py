@@ -162,7 +162,8 @@ class Sidebar:
         if self._monitor is None:
             return {"history": [], "verdict": None}
         cells = self._monitor.history()[-HISTORY_CELLS:]
-        return {"history": [c.to_dict() for c in cells], "verdict": self._verdict()}
+        records = [{**c.to_dict(), "warning": self._warning(c)} for c in cells]
+        return {"history": records, "verdict": self._verdict()}
 
     def _state(self) -> dict[str, Any]:
         snap = self._snapshot()
@@ -194,18 +195,22 @@ class Sidebar:
             self.broadcast(message("cell", cell=cell, verdict=self._verdict(), warning=warning))
 
     def _warning(self, record: CellRecord) -> str | None:
-        """Return the leak detector's message when it flags this very cell, else None.
+        """Return the leak detector's message when it flags this very run of a cell, else None.
 
         The verdict names the newest growing cell among the recent ones, which may be another
-        cell than the one just run; only the cell's own runs decide its badge's mark.
+        cell than this one; only the cell's own runs up to this one decide its badge's mark
+        (so a history sent after Run All marks the same cells the live pushes would have).
         """
         monitor = self._monitor
-        if monitor is None or not record.source_hash or not monitor.verdict().growing:
+        if monitor is None or not record.source_hash:
             return None
         detector = monitor.detector
         runs = monitor.runs(record.source_hash)  # the monitor's index: not the whole history
-        mine = detector.judge_runs(runs[-detector.min_runs :])
-        return mine.message if mine.growing and runs[-1] is record else None
+        upto = next((i for i, run in enumerate(runs) if run is record), None)
+        if upto is None:
+            return None
+        mine = detector.judge_runs(runs[max(0, upto + 1 - detector.min_runs) : upto + 1])
+        return mine.message if mine.growing else None
 
 
 def load(state: ShellState) -> Sidebar:

@@ -63,7 +63,10 @@ def collect(run: Callable[[], object]) -> list[str]:
     """Run the collection with the gradient registry's entries parked, so the entries of the
     graphs that go with it go too; say how many went, or why none could."""
     result = purge_custom_gradients(run)
-    said = [f"purged {result.dropped} custom gradients"] if result.dropped else []
+    graphs = "training graph" + ("" if result.dropped == 1 else "s")
+    said = (
+        [f"released {result.dropped} {graphs} (TF's gradient registry)"] if result.dropped else []
+    )
     return said + ([result.message] if result.message else [])
 
 
