@@ -1,4 +1,10 @@
-"""The one memory snapshot type that magics, widget, sidebar and benchmarks all read."""
+"""The one memory snapshot type that magics, widget, sidebar and benchmarks all read.
+
+Every Keras backend, TensorFlow included, is one ``BackendInfo`` entry in ``backends``: its
+allocator per device and its cache sizes. ``tf`` and ``graph`` are views of TensorFlow's entry,
+for the readers that want TensorFlow's figures by name; ``to_dict`` still writes them, so
+sidebars built before the backends list keep working (docs/protocol.md).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,10 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from kerasmagic.backends import BackendInfo, keras_backend, read_active
+from kerasmagic.backends import BackendDevice, BackendInfo, keras_backend, read_active
 from kerasmagic.backends.tensorflow import info as tensorflow_info
 from kerasmagic.backends.tensorflow.alloc import TfDeviceMemory, TfInfo, read_tf
 from kerasmagic.backends.tensorflow.graph import GraphInfo, read_graph
@@ -25,6 +31,7 @@ from kerasmagic.probes import (
 )
 
 SCHEMA_VERSION = 1
+GRAPH_FIGURES = ("default_graph_ops", "custom_gradients", "functions")  # TF's caches
 
 
 @dataclass(frozen=True)
@@ -35,11 +42,13 @@ class MemorySnapshot:
     pid: int
     ram: RamInfo
     gpu: GpuInfo
-    tf: TfInfo
-    graph: GraphInfo
     keras: KerasInfo
     keras_backend: str | None = None  # what Keras runs on, once imported
     backends: tuple[BackendInfo, ...] = ()  # every backend in use, Keras's own first
+
+    def backend_named(self, name: str) -> BackendInfo | None:
+        """Return the entry of the backend called ``name`` if it is in use, else None."""
+        return next((b for b in self.backends if b.name == name), None)
 
     @property
     def backend(self) -> BackendInfo | None:
@@ -48,13 +57,34 @@ class MemorySnapshot:
         return mine[0] if mine else None
 
     @property
+    def tf(self) -> TfInfo:
+        """Return TensorFlow's allocator figures (a view of its ``backends`` entry)."""
+        entry = self.backend_named("tensorflow")
+        if entry is None:
+            return TfInfo(imported=False, initialized=False, devices=())
+        devices = tuple(
+            TfDeviceMemory(d.name, d.in_use_bytes or 0, d.peak_bytes or 0, d.kind or "gpu")
+            for d in entry.devices
+        )
+        return TfInfo(imported=True, initialized=entry.platform is not None, devices=devices)
+
+    @property
+    def graph(self) -> GraphInfo:
+        """Return TensorFlow's graph figures (a view of its ``backends`` entry's caches)."""
+        entry = self.backend_named("tensorflow")
+        caches = entry.caches if entry is not None else {}
+        return GraphInfo(*(caches.get(name) for name in GRAPH_FIGURES))
+
+    @property
     def gpu_used_bytes(self) -> int | None:
         """Return this process's VRAM over all GPUs, else the devices' total use, else None."""
         return self.gpu.used_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict (``version`` first) that ``json.dumps`` accepts."""
-        return {"version": SCHEMA_VERSION, **dataclasses.asdict(self)}
+        data = {"version": SCHEMA_VERSION, **dataclasses.asdict(self)}
+        data["tf"], data["graph"] = dataclasses.asdict(self.tf), dataclasses.asdict(self.graph)
+        return data
 
     def to_json(self) -> str:
         """Return the snapshot as a JSON string."""
@@ -62,9 +92,12 @@ class MemorySnapshot:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MemorySnapshot:
-        """Rebuild a snapshot from ``to_dict`` output."""
+        """Rebuild a snapshot from ``to_dict`` output (a dict from before the backends list,
+        with TensorFlow's figures only under ``tf`` and ``graph``, too)."""
         gpu = data["gpu"]
-        tf = data["tf"]
+        backends = tuple(BackendInfo.from_dict(b) for b in data.get("backends", ()))
+        if not any(b.name == "tensorflow" for b in backends) and data.get("tf", {}).get("imported"):
+            backends += (_legacy_tensorflow(data["tf"], data.get("graph") or {}),)
         return cls(
             time_s=float(data["time_s"]),
             pid=int(data["pid"]),
@@ -72,35 +105,69 @@ class MemorySnapshot:
             gpu=GpuInfo(
                 gpu["status"], gpu["message"], tuple(GpuDevice(**d) for d in gpu["devices"])
             ),
-            tf=TfInfo(
-                tf["imported"], tf["initialized"], tuple(TfDeviceMemory(**d) for d in tf["devices"])
-            ),
-            graph=GraphInfo(**data["graph"]),
             keras=KerasInfo(**data["keras"]),
             keras_backend=data.get("keras_backend"),
-            backends=tuple(BackendInfo.from_dict(b) for b in data.get("backends", ())),
+            backends=backends,
         )
+
+
+def _legacy_tensorflow(tf: Mapping[str, Any], graph: Mapping[str, Any]) -> BackendInfo:
+    """TensorFlow's entry rebuilt from a snapshot dict written before the backends list."""
+    devices = tuple(
+        BackendDevice(d["device"], d["current_bytes"], d["peak_bytes"], kind=d.get("kind", "gpu"))
+        for d in tf.get("devices", ())
+    )
+    caches = {k: int(graph[k]) for k in GRAPH_FIGURES if graph.get(k) is not None}
+    platform = None if not tf.get("initialized") else _platform(devices)
+    return BackendInfo("tensorflow", None, False, platform, devices, caches)
+
+
+def _platform(devices: tuple[BackendDevice, ...]) -> str:
+    return "gpu" if any(d.kind == "gpu" for d in devices) else "cpu"
 
 
 @dataclass(frozen=True)
 class SnapshotDelta:
-    """``after - before`` for each figure both snapshots know (None where either lacks it)."""
+    """``after - before`` for each figure both snapshots know (None where either lacks it).
+
+    ``device_bytes`` and ``caches`` hold each backend's change, by backend name; the Keras
+    backend's are also ``backend_bytes`` and ``backend_caches``.
+    """
 
     elapsed_s: float
     rss_bytes: int
     gpu_used_bytes: int | None
-    tf_current_bytes: int | None
-    default_graph_ops: int | None
-    custom_gradients: int | None
-    functions: int | None
     live_models: int | None
     name_counter: int | None
     backend_bytes: int | None = None  # the Keras backend's allocator, all devices
-    backend_caches: dict[str, int] = dataclasses.field(default_factory=dict)
+    backend_caches: dict[str, int] = field(default_factory=dict)
+    device_bytes: dict[str, int] = field(default_factory=dict)  # backend -> allocator change
+    caches: dict[str, dict[str, int]] = field(default_factory=dict)  # backend -> cache changes
+
+    @property
+    def tf_current_bytes(self) -> int | None:
+        """Return the change in TensorFlow's tensors (every device with statistics), or None."""
+        return self.device_bytes.get("tensorflow")
+
+    @property
+    def default_graph_ops(self) -> int | None:
+        """Return the change in the TF1 default graph's ops, or None."""
+        return self.caches.get("tensorflow", {}).get("default_graph_ops")
+
+    @property
+    def custom_gradients(self) -> int | None:
+        """Return the change in TF's custom-gradient registry entries, or None."""
+        return self.caches.get("tensorflow", {}).get("custom_gradients")
+
+    @property
+    def functions(self) -> int | None:
+        """Return the change in TF's eager function library, or None."""
+        return self.caches.get("tensorflow", {}).get("functions")
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a plain dict for JSON."""
-        return dataclasses.asdict(self)
+        """Return a plain dict for JSON (with TensorFlow's changes also by their old names)."""
+        legacy = ("tf_current_bytes", *GRAPH_FIGURES)
+        return {**dataclasses.asdict(self), **{name: getattr(self, name) for name in legacy}}
 
 
 def _minus(after: int | None, before: int | None) -> int | None:
@@ -109,31 +176,33 @@ def _minus(after: int | None, before: int | None) -> int | None:
 
 def diff(before: MemorySnapshot, after: MemorySnapshot) -> SnapshotDelta:
     """Return what changed from ``before`` to ``after``."""
+    device_bytes: dict[str, int] = {}
+    caches: dict[str, dict[str, int]] = {}
+    for new in after.backends:
+        old = before.backend_named(new.name)
+        if old is None:
+            continue
+        change = _minus(new.in_use_bytes, old.in_use_bytes)
+        if change is not None:
+            device_bytes[new.name] = change
+        caches[new.name] = {k: v - old.caches[k] for k, v in new.caches.items() if k in old.caches}
+    mine = after.backend
+    same = mine is not None and before.backend is not None and before.backend.name == mine.name
     return SnapshotDelta(
         elapsed_s=after.time_s - before.time_s,
         rss_bytes=after.ram.rss_bytes - before.ram.rss_bytes,
         gpu_used_bytes=_minus(after.gpu_used_bytes, before.gpu_used_bytes),
-        tf_current_bytes=_minus(after.tf.current_bytes, before.tf.current_bytes),
-        default_graph_ops=_minus(after.graph.default_graph_ops, before.graph.default_graph_ops),
-        custom_gradients=_minus(after.graph.custom_gradients, before.graph.custom_gradients),
-        functions=_minus(after.graph.functions, before.graph.functions),
         live_models=_minus(after.keras.live_models, before.keras.live_models),
         name_counter=_minus(after.keras.name_counter, before.keras.name_counter),
         backend_bytes=_minus(_backend_bytes(after), _backend_bytes(before)),
-        backend_caches=_cache_deltas(before, after),
+        backend_caches=caches.get(mine.name, {}) if same and mine is not None else {},
+        device_bytes=device_bytes,
+        caches=caches,
     )
 
 
 def _backend_bytes(snap: MemorySnapshot) -> int | None:
     return None if snap.backend is None else snap.backend.in_use_bytes
-
-
-def _cache_deltas(before: MemorySnapshot, after: MemorySnapshot) -> dict[str, int]:
-    """Return ``after - before`` of each cache figure of the same backend in both."""
-    old, new = before.backend, after.backend
-    if old is None or new is None or old.name != new.name:
-        return {}
-    return {k: v - old.caches[k] for k, v in new.caches.items() if k in old.caches}
 
 
 def take_snapshot(
@@ -146,8 +215,6 @@ def take_snapshot(
         pid=os.getpid(),
         ram=read_ram(),
         gpu=read_gpus(),
-        tf=tf,
-        graph=graph,
         keras=read_keras(namespace),
         keras_backend=keras_backend(),
         backends=read_active({"tensorflow": tensorflow_info(tf, graph)}),

@@ -16,8 +16,6 @@ import pytest
 from kerasmagic.backends import BackendDevice, BackendInfo
 from kerasmagic.backends import jax as jax_backend
 from kerasmagic.backends import torch as torch_backend
-from kerasmagic.backends.tensorflow.alloc import TfInfo
-from kerasmagic.backends.tensorflow.graph import GraphInfo
 from kerasmagic.probes import GpuInfo, KerasInfo, RamInfo
 from kerasmagic.snapshot import MemorySnapshot, diff
 from kerasmagic.views.render import snapshot_rows
@@ -31,8 +29,6 @@ def snap(*backends: BackendInfo, keras_backend: str | None = "jax") -> MemorySna
         pid=1,
         ram=RamInfo(GB, None, 8 * GB, 4 * GB),
         gpu=GpuInfo("no_driver", "no NVIDIA driver", ()),
-        tf=TfInfo(False, False, ()),
-        graph=GraphInfo(None, None, None),
         keras=KerasInfo(True, 3, 1),
         keras_backend=keras_backend,
         backends=backends,
@@ -153,7 +149,7 @@ def cuda(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
 def test_torch_reads_resets_and_caps_the_cuda_allocator(cuda: FakeCuda) -> None:
     info = torch_backend.read()
     assert info.platform == "gpu"
-    assert info.devices == (BackendDevice("cuda:0", GB, 2 * GB, 80 * GB, 3 * GB),)
+    assert info.devices == (BackendDevice("cuda:0", GB, 2 * GB, 80 * GB, 3 * GB, kind="gpu"),)
     assert "reserved 3.0 GB" in text(snap(info, keras_backend="torch"))
     assert torch_backend.reset() == []  # before the cleanup's collection: nothing to hand back
     assert torch_backend.release() == ["torch.cuda.empty_cache"]  # after it

@@ -10,8 +10,7 @@ from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from kerasmagic.backends.tensorflow.alloc import TfInfo
-from kerasmagic.backends.tensorflow.graph import GraphInfo
+from kerasmagic.backends import BackendInfo
 from kerasmagic.live import CellRecord, get_monitor
 from kerasmagic.live.leak import LeakDetector
 from kerasmagic.probes import GpuInfo, KerasInfo, RamInfo
@@ -26,10 +25,21 @@ def snap(rss: int, cg: int | None = None, names: int | None = None) -> MemorySna
         pid=1,
         ram=RamInfo(rss, None, 8000 * MB, 4000 * MB),
         gpu=GpuInfo("no_driver", None, ()),
-        tf=TfInfo(False, False, ()),
-        graph=GraphInfo(None, cg, None),
         keras=KerasInfo(names is not None, names, None),
+        backends=() if cg is None else (tensorflow_entry(cg),),
     )
+
+
+def tensorflow_entry(custom_gradients: int) -> BackendInfo:
+    """TensorFlow's backend entry, started on the CPU, with a custom-gradient count."""
+    return BackendInfo(
+        "tensorflow", "2.21", True, "cpu", (), {"custom_gradients": custom_gradients}
+    )
+
+
+def graph_entry(ops: int) -> BackendInfo:
+    """TensorFlow's backend entry with a TF1 default graph of ``ops`` ops."""
+    return BackendInfo("tensorflow", "2.21", True, "cpu", (), {"default_graph_ops": ops})
 
 
 def history(deltas_mb: Sequence[float], key: str = "a", base: int = 500) -> list[CellRecord]:
@@ -132,8 +142,8 @@ def _counter_runs(mode: str, graph_ops: bool = False) -> list[CellRecord]:
     records = []
     for i in range(3):
         if graph_ops:
-            start = dataclasses.replace(snap(500 * MB), graph=GraphInfo(100 * i, None, None))
-            end = dataclasses.replace(snap(500 * MB), graph=GraphInfo(100 * i + 100, None, None))
+            start = dataclasses.replace(snap(500 * MB), backends=(graph_entry(100 * i),))
+            end = dataclasses.replace(snap(500 * MB), backends=(graph_entry(100 * i + 100),))
         else:
             start, end = snap(500 * MB, 2 * i), snap(500 * MB, 2 * i + 2)
         delta = diff(start, end)
@@ -192,7 +202,7 @@ def test_exact_allocator_growth_is_a_leak_with_no_noise_floor() -> None:
         records = []
         for i, step in enumerate(steps):
             start, end = snap(500 * MB), snap(500 * MB)
-            delta = dataclasses.replace(diff(start, end), tf_current_bytes=step)
+            delta = dataclasses.replace(diff(start, end), device_bytes={"tensorflow": step})
             records.append(CellRecord(i, 0.0, 0.1, start, end, delta, 0, None, "k"))
         return records
 

@@ -34,6 +34,7 @@ class BackendDevice:
     peak_bytes: int | None = None
     limit_bytes: int | None = None
     reserved_bytes: int | None = None
+    kind: str | None = None  # "cpu" or "gpu": TF keeps CPU:0's statistics as a GPU's
 
 
 @dataclass(frozen=True)

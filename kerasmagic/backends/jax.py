@@ -61,6 +61,7 @@ def _device(device: Any) -> BackendDevice:
         peak_bytes=stats.get("peak_bytes_in_use"),
         limit_bytes=stats.get("bytes_limit"),
         reserved_bytes=stats.get("bytes_reserved") or stats.get("pool_bytes"),
+        kind=str(device.platform),
     )
 
 

@@ -40,6 +40,7 @@ def _device(torch: Any, index: int) -> BackendDevice:
         peak_bytes=attempt(lambda: int(cuda.max_memory_allocated(index)), None),
         limit_bytes=attempt(lambda: int(cuda.get_device_properties(index).total_memory), None),
         reserved_bytes=attempt(lambda: int(cuda.memory_reserved(index)), None),
+        kind="gpu",
     )
 
 

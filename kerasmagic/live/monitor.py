@@ -257,8 +257,6 @@ def _refreshed(base: MemorySnapshot, ram: Any, gpu: Any, tf: Any) -> MemorySnaps
         time_s=time.time(),
         ram=ram,
         gpu=gpu,
-        tf=tf,
-        graph=graph,
         keras_backend=keras_backend(),
         backends=read_active({"tensorflow": tensorflow_info(tf, graph)}),
     )

@@ -9,130 +9,27 @@ export const TARGET = 'kerasmagic';
 /** The protocol version this frontend speaks. */
 export const PROTOCOL = 1;
 
-export interface IRamInfo {
-  rss_bytes: number;
-  peak_rss_bytes: number | null;
-  total_bytes: number;
-  available_bytes: number;
-}
-
-export interface IGpuDevice {
-  cuda_index: number;
-  nvml_index: number | null;
-  uuid: string;
-  name: string;
-  total_bytes: number;
-  used_bytes: number;
-  process_used_bytes: number | null;
-}
-
-export interface IGpuInfo {
-  status: 'ok' | 'no_driver' | 'no_gpu' | 'hidden' | 'error';
-  message: string | null;
-  devices: IGpuDevice[];
-}
-
-export interface ITfDeviceMemory {
-  device: string;
-  current_bytes: number;
-  peak_bytes: number;
-  /** "cpu" or "gpu"; absent from kernels before kerasmagic 0.1.0's CPU allocator reading. */
-  kind?: 'cpu' | 'gpu';
-}
-
-export interface ITfInfo {
-  imported: boolean;
-  initialized: boolean;
-  devices: ITfDeviceMemory[];
-}
-
-export interface IGraphInfo {
-  default_graph_ops: number | null;
-  custom_gradients: number | null;
-  functions: number | null;
-}
-
-export interface IKerasInfo {
-  imported: boolean;
-  name_counter: number | null;
-  live_models: number | null;
-}
-
-/** `MemorySnapshot.to_dict()` from kerasmagic/snapshot.py. */
-export interface ISnapshot {
-  version: number;
-  time_s: number;
-  pid: number;
-  ram: IRamInfo;
-  gpu: IGpuInfo;
-  tf: ITfInfo;
-  graph: IGraphInfo;
-  keras: IKerasInfo;
-}
-
-/** `CellRecord.to_dict()` from kerasmagic/live/monitor.py. */
-export interface ICellRecord {
-  execution_count: number;
-  started_s: number;
-  duration_s: number;
-  start: ISnapshot;
-  end: ISnapshot;
-  delta: { [key: string]: number | null };
-  peak_rss_bytes: number;
-  peak_gpu_bytes: number | null;
-  source_hash: string;
-  /**
-   * In a `state` or `history` reply: the leak detector's message when it flagged this run
-   * (as a `cell` message's `warning`); absent from kernels that do not send it.
-   */
-  warning?: string | null;
-}
-
-/** The leak detector's verdict. */
-export interface ILeakVerdict {
-  growing: boolean;
-  what: string;
-  message: string;
-  /** Whether "Free memory" ran since the verdict's last cell (absent from older kernels). */
-  freed_since?: boolean;
-}
-
-/** `CleanupReport.to_dict()` from kerasmagic/cleanup/__init__.py. */
-export interface ICleanupReport {
-  dropped: string[];
-  kept: string[];
-  not_freed: string[];
-  freed_bytes: number;
-  tf_freed_bytes: number | null;
-  elapsed_s: number;
-  notes: string[];
-  /** TensorFlow's custom-gradient entries the cleanup purged (null without TensorFlow). */
-  purge?: { dropped: number; kept: number; unknown: number; message: string | null } | null;
-}
-
-/** One live Keras model from a scan (`LiveModel` in kerasmagic/cleanup/holders.py). */
-export interface ILiveModel {
-  name: string;
-  type: string;
-  /** Bytes of its weights and optimizer variables (counted). */
-  size_bytes: number;
-  /** What keeps it alive (`Out[7]`, `h.model`, `results[0]`, ...). */
-  holders: string[];
-  traced_ops: number | null;
-  /** An estimate, not a measurement, of what its traced graphs keep. */
-  estimate_bytes: number | null;
-  /** Whether "Free memory" would free it on its own. */
-  freeable: boolean;
-  /** What frees it, one per holder, in the same order. */
-  remedies: string[];
-}
-
-/** One of the largest user variables from a scan (`Variable` in kerasmagic/probes/variables.py). */
-export interface IVariable {
-  name: string;
-  type: string;
-  size_bytes: number;
-}
+// The data types (snapshots, cell records, reports, scans) are generated from the Python
+// dataclasses into ./wire.ts; tests/test_protocol_schema.py keeps the two in step.
+export type {
+  IBackendDevice,
+  IBackendInfo,
+  ICellRecord,
+  ICleanupReport,
+  IGpuDevice,
+  IGpuInfo,
+  IGraphInfo,
+  IKerasInfo,
+  ILeakVerdict,
+  ILiveModel,
+  IRamInfo,
+  ISnapshot,
+  ISnapshotDelta,
+  ITfDeviceMemory,
+  ITfInfo,
+  IVariable
+} from './wire';
+import type { ICellRecord, ICleanupReport, ILeakVerdict, ILiveModel, ISnapshot, IVariable } from './wire';
 
 export interface IStateMessage {
   protocol: number;

@@ -144,8 +144,8 @@ export function cleanupText(report: ICleanupReport, rssBefore: number | null, rs
     ? ` (RSS ${formatBytes(rssBefore)} → ${formatBytes(rssAfter)})` : '';
   const ram = report.freed_bytes > 0 ? formatBytes(report.freed_bytes) : '';
   const tensors = (report.tf_freed_bytes ?? 0) > 0 ? `${formatBytes(report.tf_freed_bytes)} of TensorFlow tensors` : '';
-  const purged = report.purge?.dropped ?? 0;
-  const graphs = purged ? `; purged ${purged} kept training graph${purged === 1 ? '' : 's'} (custom gradients)` : '';
+  const released = report.released ?? [];
+  const graphs = released.length ? `; ${released.join('; ')}` : '';
   const dropped = droppedText(report.dropped);
   let text: string;
   if (dropped.length) {

@@ -28,7 +28,9 @@ def info(tf: TfInfo, graph: GraphInfo) -> BackendInfo:
     """Return TensorFlow's figures from readings already taken."""
     module = sys.modules.get("tensorflow")
     version = getattr(module, "__version__", None)
-    devices = tuple(BackendDevice(d.device, d.current_bytes, d.peak_bytes) for d in tf.devices)
+    devices = tuple(
+        BackendDevice(d.device, d.current_bytes, d.peak_bytes, kind=d.kind) for d in tf.devices
+    )
     on_gpu = bool(tf.gpu_devices)
     figures = {
         "default_graph_ops": graph.default_graph_ops,
