@@ -33,7 +33,7 @@ def test_no_command_prints_the_help(capsys: pytest.CaptureFixture[str]) -> None:
     out, err = capsys.readouterr()
     assert out.startswith("usage: kerasmagic [-h] COMMAND ...")
     assert "%load_ext kerasmagic" in out
-    assert "demo      the leak loop without and with kerasmagic" in out
+    assert "demo      the leak loop and a capped K-fold loop, with and without us" in out
     assert err == ""
 
 
@@ -60,6 +60,8 @@ def test_demo_help_says_what_it_does_and_how_long(capsys: pytest.CaptureFixture[
         "--models N models built and fitted per variant (default 30, at least 8)",
         "--samples ROWS training rows of 100 features per fit (default 4000",
         "pip install 'kerasmagic[tf]'",
+        "ten folds of a 256-1024-1024-10 model in one loop",
+        "--no-folds skip the last part",
     ):
         assert said in out
 
@@ -154,7 +156,7 @@ def test_child_reports_each_model_as_it_finishes() -> None:
 def test_demo_in_a_pipe_has_no_carriage_returns() -> None:
     env = {**os.environ, "COLUMNS": "100"}
     done = subprocess.run(
-        [*CLI, "demo", "--models", "8", "--samples", "256"],
+        [*CLI, "demo", "--models", "8", "--samples", "256", "--no-folds"],
         capture_output=True,
         text=True,
         env=env,
@@ -184,7 +186,7 @@ def test_ctrl_c_stops_the_child_and_says_interrupted() -> None:
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().startswith("Building, fitting and predicting 8")
-    assert proc.stdout.readline() == "[1/3] no cleanup (model reassigned): started\n"
+    assert proc.stdout.readline() == "[1/5] no cleanup (model reassigned): started\n"
     deadline = time.monotonic() + 60
     while not psutil.Process(proc.pid).children():
         assert time.monotonic() < deadline
@@ -195,7 +197,7 @@ def test_ctrl_c_stops_the_child_and_says_interrupted() -> None:
     assert proc.returncode == 130
     assert err.endswith("kerasmagic demo: interrupted\n")
     assert "Traceback" not in err
-    assert out.endswith("[1/3] no cleanup (model reassigned): stopped\n")
+    assert out.endswith("[1/5] no cleanup (model reassigned): stopped\n")
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
 
 
