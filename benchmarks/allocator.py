@@ -6,7 +6,8 @@ cleanup: none (a plain cell), by hand (``del`` of the cell's names + ``clear_ses
 ``tf.config.experimental.get_memory_info('CPU:0')['current']`` (after the cleanup): the bytes of
 tensors the re-run starts with, exact to the byte (what on a GPU is VRAM). "kept" is the same
 figure after the set-up cell, before any run: what the user's kept names hold (a kept base
-model). Writes ``benchmarks/results/allocator.json``.
+model), plus what a data name the cell rebinds holds in TF tensors (a tf.data pipeline's copy
+of the inputs), read by deleting it after the runs. Writes ``benchmarks/results/allocator.json``.
 
 Target: under ``%%fresh_model`` every re-run starts at <= kept + 1 MB, on every pattern.
 
@@ -126,7 +127,7 @@ KERAS3, LEGACY = "import keras", "keras = tf.keras  # tf-keras: TF_USE_LEGACY_KE
 PATTERNS: dict[str, tuple[str, str, tuple[str, ...], bool]] = {
     "functional": ("", FUNCTIONAL, ("inp", "h", "out", "model", "history"), False),
     "Sequential": ("", SEQUENTIAL, ("model", "history"), False),
-    "subclassed train_step + tf.data": ("", SUBCLASSED, ("ds", "model", "history"), False),
+    "subclassed train_step + tf.data": ("", SUBCLASSED, ("ds", "model", "history"), False),  # ds
     "tf.function from an earlier cell": (STEP, LOOP, ("model", "opt", "loss"), False),
     "transfer learning, kept base": (
         BASE,
@@ -139,6 +140,9 @@ PATTERNS: dict[str, tuple[str, str, tuple[str, ...], bool]] = {
     "tf-keras (legacy)": ("", SEQUENTIAL, ("model", "history"), True),
 }
 READ = "starts.append(in_use())\n"
+# Names of user data held in TF tensors: tf.data's from_tensor_slices keeps a copy of x. They
+# are kept (data is never dropped) until the cell rebinds them, so they count as kept.
+DATA = {"subclassed train_step + tf.data": ("ds",)}
 CLEANUPS = {
     "none": lambda names: "# plain cell\n" + READ,
     "by hand": lambda names: (
@@ -182,6 +186,11 @@ def run_pattern(pattern: str, cleanup: str, runs: int) -> dict[str, Any]:
             _execute(kc, CLEANUPS[cleanup](names) + cell)
         elapsed = time.perf_counter() - started
         starts = _value(kc, "starts")
+        data = DATA.get(pattern, ())
+        if data:
+            before = _value(kc, "in_use()")
+            _execute(kc, "".join(f"del {name}\n" for name in data) + "gc.collect()")
+            kept += before - _value(kc, "in_use()")
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

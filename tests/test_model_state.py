@@ -116,3 +116,26 @@ def test_deep_names_a_kerastensor_that_still_holds_dropped_layers(
     kip.run_line_magic("gpu_mem", "--deep")
     out = capsys.readouterr().out
     assert "KerasTensor" in out and "h" in out and "4.1 MB" in out, out
+
+
+def test_a_kept_base_lets_go_of_the_heads_built_on_it(kip: InteractiveShell) -> None:
+    """Keras records every call on a layer's outputs in the layer: a kept base held every head
+    ever built on it, and the heads' weights (4 MB a run here), run after run."""
+    run(kip, "base = keras.Sequential([keras.Input((20,)), keras.layers.Dense(64)], name='base')")
+    head = (
+        f"starts.append({IN_USE})\n"
+        "inp = keras.Input((20,))\n"
+        "h = keras.layers.Dense(1024, activation='relu')(base(inp))\n"
+        "out = keras.layers.Dense(2)(keras.layers.Dense(1024)(h))\n"
+        "model = keras.Model(inp, out)\n"
+        "model.compile('adam', keras.losses.SparseCategoricalCrossentropy(from_logits=True))\n"
+        "history = model.fit(x, y, epochs=1, verbose=0)\n"
+    )
+    run(kip, "starts = []")
+    for _ in range(4):
+        fresh(kip, head)
+    starts = kip.user_ns["starts"]
+    assert starts[3] == starts[1] == starts[0], starts
+    assert "unlinked 1 dropped layer from the graphs of kept models" in last_report().notes  # type: ignore[union-attr]
+    assert "h (a KerasTensor holding 1 layer, 260.0 KB)" in last_report().dropped  # type: ignore[union-attr]
+    fresh(kip, "base.compile('adam', 'mse')\nbase.fit(x, np.zeros((256, 64)), epochs=1, verbose=0)")

@@ -13,6 +13,7 @@ tensors and variables), is never stale.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from kerasmagic.cleanup.cuts import (
 from kerasmagic.cleanup.tracebacks import frame_locals, stored_tracebacks
 from kerasmagic.walk.names import is_user_name, scan_order
 from kerasmagic.walk.near import walk
-from kerasmagic.walk.ownership import Owned, held_by, owned
+from kerasmagic.walk.ownership import Owned, held_by, node_layer, outbound_nodes, owned
 from kerasmagic.walk.paths import callback_labels
 from kerasmagic.walk.reach import reachable
 from kerasmagic.walk.state import StateTypes, callback_model, is_a, state_types
@@ -50,6 +51,7 @@ class Plan:
     shared: frozenset[int] = frozenset()  # every object reachable from a kept name
     complete: bool = True  # False: kept names too large to walk; cut no container
     notes: list[str] = field(default_factory=list)
+    unlinks: list[Callable[[], None]] = field(default_factory=list)  # not reported as dropped
     types: StateTypes | None = None
     roots: list[Any] = field(default_factory=list)  # the kept state whose ownership counts
     _owned: Owned | None = None
@@ -85,7 +87,9 @@ def _label(path: str, obj: Any, plan: Plan) -> str:
     kind = plan.types.kind(type(obj)) if plan.types else None
     if kind in (None, "model"):
         return path
-    return f"{path} ({held_by(obj, kind).describe()})"
+    if plan._owned is None and plan.roots and plan.types is not None:
+        plan._owned = owned(plan.roots, plan.types)
+    return f"{path} ({held_by(obj, kind, plan._owned).describe()})"
 
 
 def _release_names(
@@ -188,6 +192,33 @@ def _release_shell(plan: Plan, shell: Any, types: tuple[type, ...]) -> None:
         plan.actions.append(("last result", set_attr(last, "result", None)))
 
 
+def _unlink_from_kept_layers(plan: Plan) -> None:
+    """A kept layer (a base model) records every later call on its outputs in its outbound
+    nodes, so a kept base held every head ever built on it, and their weights. Unlink the
+    nodes of layers nothing kept owns; Keras never reads that list to compute anything."""
+    if plan.types is None or not plan.roots:
+        return
+    if plan._owned is None:
+        plan._owned = owned(plan.roots, plan.types)
+    cut: dict[int, tuple[list[Any], list[Any]]] = {}
+    for layer in plan._owned.layer_objects:
+        nodes = outbound_nodes(layer)
+        stale = [n for n in nodes or () if not plan.keeps(node_layer(n))]
+        if nodes is not None and stale:
+            cut[id(nodes)] = (nodes, stale)
+    if cut:
+        count = sum(len(stale) for _, stale in cut.values())
+        layers = "layer" if count == 1 else "layers"
+        plan.notes.append(f"unlinked {count} dropped {layers} from the graphs of kept models")
+        plan.unlinks.append(functools.partial(_remove_nodes, list(cut.values())))
+
+
+def _remove_nodes(found: list[tuple[list[Any], list[Any]]]) -> None:
+    for nodes, stale in found:
+        ids = {id(n) for n in stale}
+        nodes[:] = [n for n in nodes if id(n) not in ids]
+
+
 def droppable(types: StateTypes) -> tuple[type, ...]:
     """Return the classes of state a cleanup drops: all but callbacks (whose link is cut)."""
     return tuple(c for kind, classes in types.by_kind if kind != "callback" for c in classes)
@@ -227,6 +258,7 @@ def plan_cleanup(
     if shell is not None:
         _release_shell(plan, shell, state)
     _cut_callback_links(plan, ns, types, reach.callbacks + released.callbacks)
+    _unlink_from_kept_layers(plan)
     for key in plan.held:
         plan.stale.pop(key, None)
     return plan

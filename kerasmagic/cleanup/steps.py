@@ -24,6 +24,8 @@ from kerasmagic.cleanup.stale import Plan
 from kerasmagic.cleanup.tracebacks import drop_stored_errors
 from kerasmagic.native.heap import malloc_trim
 from kerasmagic.probes import read_ram
+from kerasmagic.walk.ownership import held_by
+from kerasmagic.walk.state import state_types
 
 
 @dataclass
@@ -50,6 +52,8 @@ def cut(run: Run) -> None:
     run.watched = _weak(run.plan.stale.values())
     run.notes += dict.fromkeys(run.plan.notes)
     _cut(run.plan.actions)  # in a function: a loop variable here would keep the last closure
+    for unlink in run.plan.unlinks:
+        unlink()
 
 
 def clear_traces(run: Run) -> None:
@@ -139,7 +143,7 @@ def _survivors(
     if not any(ref() is not None for _, ref in watched):
         return ()
     gc.collect()  # objects freed by the first pass can release others (finalizers, weakrefs)
-    alive = [(path, ref()) for path, ref in watched if ref() is not None]
+    alive = [(path, obj) for path, obj in ((p, r()) for p, r in watched) if _weighs(obj)]
     if not alive:
         return ()
     paths = holder_paths(ns, [obj for _, obj in alive])
@@ -148,6 +152,15 @@ def _survivors(
         holders = paths.get(id(obj)) or _referrers(obj, alive)
         out.append(f"{path} (held by {', '.join(holders)})")
     return tuple(out)
+
+
+def _weighs(obj: Any) -> bool:
+    """Return whether a survivor is worth naming: a model, or state that still holds weights
+    (a kept base's graph keeps the symbolic inputs of every call on it, which hold none)."""
+    if obj is None:
+        return False
+    kind = state_types().kind(type(obj))
+    return kind in (None, "model") or held_by(obj, kind).size_bytes > 0
 
 
 def _referrers(obj: Any, alive: list[tuple[str, Any]]) -> list[str]:

@@ -26,6 +26,7 @@ class Owned:
     layers: frozenset[int]
     variables: frozenset[int]
     others: frozenset[int]  # optimizers, metrics
+    layer_objects: tuple[Any, ...] = ()
 
     def holds(self, obj: Any, kind: str | None) -> bool:
         """Return whether ``obj`` (model state of ``kind``) is owned: a tensor is when the
@@ -103,7 +104,30 @@ def owned(roots: Iterable[Any], types: StateTypes) -> Owned:
                 others.update(id(v) for v in _guarded(lambda o=optimizer: list(o.variables), []))
             others.update(id(m) for m in _guarded(lambda r=root: list(r.metrics), []))
     variables = {id(v) for layer in layers.values() for v in variables_of(layer)}
-    return Owned(frozenset(layers), frozenset(variables), frozenset(others))
+    return Owned(frozenset(layers), frozenset(variables), frozenset(others), tuple(layers.values()))
+
+
+def outbound_nodes(layer: Any) -> list[Any] | None:
+    """Return the list in which a layer records every later call on its outputs (Keras 3's
+    ``_outbound_nodes``, tf-keras's ``_outbound_nodes_value``), or None."""
+    try:
+        attrs = object.__getattribute__(layer, "__dict__")
+    except AttributeError:
+        return None
+    for name in ("_outbound_nodes", "_outbound_nodes_value"):
+        found = attrs.get(name) if type(attrs) is dict else None
+        if issubclass(type(found), list):  # TF's tracking wraps a layer's lists in a subclass
+            return found
+    return None
+
+
+def node_layer(node: Any) -> Any:
+    """Return the layer a functional-graph node is a call of (Keras 3 or tf-keras)."""
+    try:
+        attrs = object.__getattribute__(node, "__dict__")
+    except AttributeError:
+        return None
+    return attrs.get("operation", attrs.get("layer")) if type(attrs) is dict else None
 
 
 def _itemsize(dtype: Any) -> int:
@@ -171,8 +195,8 @@ class Held:
         return f"a {self.type}"
 
 
-def held_by(obj: Any, kind: str) -> Held:
-    """Return what ``obj``, model state of ``kind``, holds."""
+def held_by(obj: Any, kind: str, kept: Owned | None = None) -> Held:
+    """Return what ``obj``, model state of ``kind``, holds beside what ``kept`` state owns."""
     name = type(obj).__name__
     if kind == "tensor":
         found = [x for layer in upstream_layers(obj) for x in layers_of(layer)]
@@ -181,6 +205,8 @@ def held_by(obj: Any, kind: str) -> Held:
         layers = layers_of(obj)
     else:
         layers = []
+    if kept is not None:
+        layers = [x for x in layers if id(x) not in kept.layers]
     weighted = [x for x in layers if _guarded(lambda x=x: list(x.weights), [])]
     if kind == "optimizer":
         size = variables_bytes(_guarded(lambda: list(obj.variables), []))
