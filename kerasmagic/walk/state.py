@@ -37,6 +37,7 @@ KINDS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         "variable",
         (
             ("keras.src.backend.common.variables", "Variable"),
+            ("keras.src.backend.common.variables", "KerasVariable"),  # Keras before 3.6
             ("tensorflow.python.ops.variables", "Variable"),
         ),
     ),
