@@ -47,6 +47,7 @@ import gc, json, os, time, numpy as np
 {imports}
 import kerasmagic
 from kerasmagic.snapshot import take_snapshot
+starts = []
 rng = np.random.default_rng(0)
 x = rng.random(({samples}, 100), dtype=np.float32); y = rng.integers(0, 10, {samples})
 def build():
@@ -58,6 +59,8 @@ def build():
     return model
 """
 BODY = (
+    "_b = take_snapshot(functions=False).backend\n"  # the allocator as the re-run's code starts
+    "starts.append(None if _b is None else _b.in_use_bytes)\n"
     "model = build()\nhistory = model.fit(x, y, epochs=1, verbose=0)\n"
     "model.predict(x[:256], verbose=0)\n"
 )
@@ -126,6 +129,7 @@ def variant(
                 resets.append(float(found.group(1)))
             rss.append(kernel.rss_mb())
             figures.append(json.loads(kernel.run(FIGURES).strip().splitlines()[-1]))
+        starts = json.loads(kernel.run("print(json.dumps(starts))").strip().splitlines()[-1])
         restart = restart_s(kernel, SETUP.format(imports=imports, samples=samples))
     finally:
         kernel.close()
@@ -139,6 +143,7 @@ def variant(
         "layer_names": sorted({f[0] for f in figures}),
         "caches_second_last": [figures[1][1], figures[-1][1]],
         "rss_mb": [round(r, 1) for r in rss],
+        "allocator_start_mb": [None if s is None else round(s / 2**20, 2) for s in starts],
     }
 
 
@@ -157,12 +162,21 @@ def available(name: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+def _starts(row: dict[str, Any]) -> str:
+    """The allocator at the 2nd and last re-run's start, or why there is none."""
+    found = row["allocator_start_mb"]
+    if len(found) < 2 or found[1] is None or found[-1] is None:
+        return "no CPU statistics"
+    return f"{found[1]:.1f}, {found[-1]:.1f} MB"
+
+
 def table(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
     lines = [
         "| backend | hand cleanup MB/re-run | %%fresh_model MB/re-run | growth, hand → magic "
+        "| allocator at re-run start, hand → magic (2nd, last) "
         "| %%fresh_model reset (median) | kernel restart + imports | layer names "
         "| caches, run 2 → last run |",
-        "|---|---:|---:|---:|---:|---:|---|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for hand, fresh in rows:
         second, last = fresh["caches_second_last"]
@@ -171,6 +185,7 @@ def table(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
             f"| {fresh['backend']} | {hand['rss_mb_per_run']:.3f} | "
             f"{fresh['rss_mb_per_run']:.3f} | "
             f"{hand['rss_growth_mb']:+.1f} → {fresh['rss_growth_mb']:+.1f} MB | "
+            f"{_starts(hand)} → {_starts(fresh)} | "
             f"{fresh['reset_s_median']} s | "
             f"{fresh['restart_s']} s | {', '.join(fresh['layer_names'])} | {caches} |"
         )

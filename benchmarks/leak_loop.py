@@ -29,7 +29,8 @@ from kerasmagic._demo import VARIANTS, run_variant_process, slope, table
 
 RESULTS = Path(__file__).parent / "results"
 SETUP = """
-import gc, os, time, numpy as np, keras
+import gc, os, time, numpy as np, keras, tensorflow as tf
+starts = []  # TF's allocator as each re-run's own code starts (after any cleanup)
 rng = np.random.default_rng(0)
 x = rng.random(({samples}, 100), dtype=np.float32); y = rng.integers(0, 10, {samples})
 def build():
@@ -39,6 +40,7 @@ def build():
     return m
 """
 BODY = (
+    "starts.append(tf.config.experimental.get_memory_info('CPU:0')['current'])\n"
     "model = build()\nhistory = model.fit(x, y, epochs=1, verbose=0)\n"
     "model.predict(x[:256], verbose=0)"
 )
@@ -79,6 +81,7 @@ def kernel_variant(name: str, cell: str, runs: int, samples: int) -> dict[str, A
             _execute(kc, cell)
             times.append(time.perf_counter() - start)
             rss.append(proc.memory_info().rss / 2**20)
+        starts = _value(kc, "starts")
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -88,7 +91,22 @@ def kernel_variant(name: str, cell: str, runs: int, samples: int) -> dict[str, A
         "rss_mb_per_run": round(slope(rss, 5), 4),
         "run_s_median": round(statistics.median(times), 3),
         "rss_mb": [round(r, 1) for r in rss],
+        "allocator_start_mb": [round(s / 2**20, 2) for s in starts],
     }
+
+
+def _value(kc: Any, expr: str) -> Any:
+    """Return ``expr`` evaluated in the kernel, through JSON."""
+    msg_id = kc.execute(f"import json as _j; print(_j.dumps({expr}))")
+    out = ""
+    while True:
+        msg = kc.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out += msg["content"]["text"]
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -112,9 +130,11 @@ def main() -> None:
         else [kernel_variant(name, cell, args.runs, args.samples) for name, cell in CELLS.items()]
     )
     for k in kernel:
+        start = k["allocator_start_mb"]
         print(
             f"kernel, {k['variant']:<48} {k['rss_mb_per_run']:>8.3f} MB/run, "
-            f"{k['run_s_median']:.2f} s/run"
+            f"{k['run_s_median']:.2f} s/run, TF allocator at re-run start "
+            f"{start[1]:.2f} -> {start[-1]:.2f} MB"
         )
     checks = {}
     if script:

@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
-from leak_loop import _execute
+from leak_loop import _execute, _value
 
 from kerasmagic._demo import slope
 
@@ -42,6 +42,7 @@ from tensorflow.python.eager import context
 from kerasmagic.backends.tensorflow.graph import custom_gradient_count
 rng = np.random.default_rng(0)
 x = rng.random(({samples}, 100), dtype=np.float32); y = rng.integers(0, 10, {samples})
+starts = []  # TF's allocator as each re-run's own code starts (after any cleanup)
 """
 STEP = """
 @tf.function
@@ -116,7 +117,8 @@ def kernel_pattern(pattern: str, magic: bool, runs: int, samples: int, skip: int
     from jupyter_client.manager import start_new_kernel
 
     setup, cell = PATTERNS[pattern]
-    cell = ("%%fresh_model -q" if magic else "# plain cell") + cell
+    read = "\nstarts.append(tf.config.experimental.get_memory_info('CPU:0')['current'])"
+    cell = ("%%fresh_model -q" if magic else "# plain cell") + read + cell
     km, kc = start_new_kernel(
         kernel_name="python3", env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     )
@@ -131,6 +133,7 @@ def kernel_pattern(pattern: str, magic: bool, runs: int, samples: int, skip: int
             rss.append(proc.memory_info().rss / 2**20)
             if i in (skip - 1, runs - 1):
                 counts.append(_probe(kc))
+        starts = _value(kc, "starts")
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -143,17 +146,20 @@ def kernel_pattern(pattern: str, magic: bool, runs: int, samples: int, skip: int
         "run_s_median": round(statistics.median(times), 3),
         "growth_over_measured_runs": growth,
         "rss_mb": [round(r, 1) for r in rss],
+        "allocator_start_mb": [round(s / 2**20, 2) for s in starts],
     }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Return the results as a Markdown table."""
-    head = "| pattern | cleanup | RSS MB/re-run | s/run | +functions | +custom grads | +traces |"
-    lines = [head, "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    head = "| pattern | cleanup | RSS MB/re-run | TF allocator at re-run start, 2nd → last |"
+    head += " s/run | +functions | +custom grads | +traces |"
+    lines = [head, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         g = r["growth_over_measured_runs"]
         lines.append(
             f"| {r['pattern']} | {r['cleanup']} | {r['rss_mb_per_run']:.3f} | "
+            f"{r['allocator_start_mb'][1]:.2f} → {r['allocator_start_mb'][-1]:.2f} MB | "
             f"{r['run_s_median']:.2f} | {g['functions']} | {g['custom_gradients']} | "
             f"{g['traces']} |"
         )
