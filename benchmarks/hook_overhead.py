@@ -71,7 +71,7 @@ def sampler_share(shell: InteractiveShell, seconds: float, busy: bool) -> float:
     return (thread_cpu_s(native_id) - before) / (time.perf_counter() - start)
 
 
-def cells_with_parts(shell: InteractiveShell, cells: int, parts: tuple[str, ...]) -> list[float]:
+def cells_with_parts(shell: InteractiveShell, cells: int, parts: tuple[Any, ...]) -> list[float]:
     """Return each cell's time with the extension loaded with only ``parts``."""
     saved = _extension.PARTS
     _extension.PARTS = parts
@@ -99,7 +99,7 @@ def main() -> dict[str, Any]:
     rounds, times = 10, {"without": [], "live": [], "all": []}
     for _ in range(rounds):
         times["without"] += time_cells(shell, args.cells // rounds)
-        times["live"] += cells_with_parts(shell, args.cells // rounds, ("kerasmagic.live",))
+        times["live"] += cells_with_parts(shell, args.cells // rounds, (("live", "kerasmagic.live"),))
         times["all"] += cells_with_parts(shell, args.cells // rounds, _extension.PARTS)
     without, with_live, with_all = (statistics.median(times[k]) for k in ("without", "live", "all"))
     shell.run_line_magic("load_ext", "kerasmagic")
