@@ -17,16 +17,16 @@ Target: under ``%%fresh_model`` every re-run starts at <= kept + 1 MB, on every 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from leak_loop import _execute
+from leak_loop import _execute, _value, save
+from notebook_patterns import STEP
+from notebook_patterns import SUBCLASSED as SUBCLASSED_256
 
 RESULTS = Path(__file__).parent / "results"
 MB = 2**20
@@ -56,38 +56,7 @@ SEQUENTIAL = """
 model = build()
 history = model.fit(x, y, epochs=1, batch_size=256, verbose=0)
 """
-SUBCLASSED = """
-class Classifier(keras.Model):
-    def __init__(self):
-        super().__init__()
-        self.hidden = keras.layers.Dense(1024, activation="relu")
-        self.out = keras.layers.Dense(10)
-    def call(self, inputs):
-        return self.out(self.hidden(inputs))
-    def train_step(self, data):
-        xb, yb = data
-        with tf.GradientTape() as tape:
-            logits = self(xb, training=True)
-            loss = self.compute_loss(x=xb, y=yb, y_pred=logits)
-        grads = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
-        return {"loss": loss}
-ds = tf.data.Dataset.from_tensor_slices((x, y)).map(lambda a, b: (a * 2.0, b))
-ds = ds.batch(256).prefetch(tf.data.AUTOTUNE)
-model = Classifier()
-model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-history = model.fit(ds, epochs=1, verbose=0)
-"""
-STEP = """
-@tf.function
-def train_step(model, opt, xb, yb):
-    with tf.GradientTape() as tape:
-        logits = model(xb, training=True)
-        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(yb, logits, True))
-    grads = tape.gradient(loss, model.trainable_variables)
-    opt.apply_gradients(zip(grads, model.trainable_variables))
-    return loss
-"""
+SUBCLASSED = SUBCLASSED_256.replace("Dense(256", "Dense(1024")  # past TF's small-tensor pool
 LOOP = """
 model, opt = build(), keras.optimizers.Adam()
 opt.build(model.trainable_variables)
@@ -152,20 +121,6 @@ CLEANUPS = {
     ),
     "%%fresh_model": lambda names: "%%fresh_model -q\n" + READ,
 }
-
-
-def _value(kc: Any, expr: str) -> Any:
-    """Return ``expr`` from the kernel, through JSON."""
-    msg_id = kc.execute(f"import json as _j; print(_j.dumps({expr}))")
-    out = ""
-    while True:
-        msg = kc.get_iopub_msg(timeout=120)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "stream":
-            out += msg["content"]["text"]
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return json.loads(out.strip().splitlines()[-1])
 
 
 def run_pattern(pattern: str, cleanup: str, runs: int) -> dict[str, Any]:
@@ -240,11 +195,7 @@ def main() -> None:
         for r in rows
         if r["cleanup"] == "%%fresh_model"
     }
-    print("targets:", ", ".join(f"{k} {'OK' if v else 'MISSED'}" for k, v in targets.items()))
-    RESULTS.mkdir(exist_ok=True)
-    out = {"args": vars(args), "machine": platform.platform(), "cpus": os.cpu_count()}
-    out |= {"rows": rows, "targets": targets}
-    (RESULTS / "allocator.json").write_text(json.dumps(out, indent=1))
+    save("allocator", args, rows, targets)
 
 
 if __name__ == "__main__":

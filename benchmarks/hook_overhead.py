@@ -99,7 +99,9 @@ def main() -> dict[str, Any]:
     rounds, times = 10, {"without": [], "live": [], "all": []}
     for _ in range(rounds):
         times["without"] += time_cells(shell, args.cells // rounds)
-        times["live"] += cells_with_parts(shell, args.cells // rounds, (("live", "kerasmagic.live"),))
+        times["live"] += cells_with_parts(
+            shell, args.cells // rounds, (("live", "kerasmagic.live"),)
+        )
         times["all"] += cells_with_parts(shell, args.cells // rounds, _extension.PARTS)
     without, with_live, with_all = (statistics.median(times[k]) for k in ("without", "live", "all"))
     shell.run_line_magic("load_ext", "kerasmagic")

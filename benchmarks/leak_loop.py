@@ -109,6 +109,15 @@ def _value(kc: Any, expr: str) -> Any:
             return json.loads(out.strip().splitlines()[-1])
 
 
+def save(name: str, args: argparse.Namespace, rows: list[Any], targets: dict[str, bool]) -> None:
+    """Print the targets and write ``benchmarks/results/NAME.json`` with the machine."""
+    print("targets:", ", ".join(f"{k} {'OK' if v else 'MISSED'}" for k, v in targets.items()))
+    RESULTS.mkdir(exist_ok=True)
+    out = {"args": vars(args), "machine": platform.platform(), "cpus": os.cpu_count()}
+    out |= {"rows": rows, "targets": targets}
+    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=int, default=60)

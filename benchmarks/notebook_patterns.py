@@ -19,9 +19,7 @@ Target: <= 0.1 MB per re-run under ``%%fresh_model``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -31,7 +29,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
-from leak_loop import _execute, _value
+from leak_loop import _execute, _value, save
 
 from kerasmagic._demo import slope
 
@@ -92,24 +90,15 @@ PATTERNS = {
     "trivial cell (baseline)": ("", TRIVIAL),
 }
 PROBE = (
-    "print(len(context.context().list_function_names()), custom_gradient_count(),"
-    " train_step.experimental_get_tracing_count() if 'train_step' in globals() else 0)"
+    "[len(context.context().list_function_names()), custom_gradient_count(),"
+    " train_step.experimental_get_tracing_count() if 'train_step' in globals() else 0]"
 )
 COUNTERS = ("functions", "custom_gradients", "traces")
 
 
 def _probe(kc: Any) -> list[int]:
-    """Run the probe cell; return (functions, custom-gradient entries, train_step traces)."""
-    msg_id = kc.execute(PROBE)
-    out = ""
-    while True:
-        msg = kc.get_iopub_msg(timeout=120)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "stream":
-            out += msg["content"]["text"]
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return [int(v) for v in out.split()]
+    """Run the probe; return (functions, custom-gradient entries, train_step traces)."""
+    return [int(v) for v in _value(kc, PROBE)]
 
 
 def kernel_pattern(pattern: str, magic: bool, runs: int, samples: int, skip: int) -> dict[str, Any]:
@@ -187,11 +176,7 @@ def main() -> None:
         for r in rows
         if r["cleanup"] == "%%fresh_model"
     }
-    print("targets:", ", ".join(f"{k} {'OK' if v else 'MISSED'}" for k, v in targets.items()))
-    RESULTS.mkdir(exist_ok=True)
-    out = {"args": vars(args), "machine": platform.platform(), "cpus": os.cpu_count()}
-    out |= {"rows": rows, "targets": targets}
-    (RESULTS / "notebook_patterns.json").write_text(json.dumps(out, indent=1))
+    save("notebook_patterns", args, rows, targets)
 
 
 if __name__ == "__main__":

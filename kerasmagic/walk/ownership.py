@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kerasmagic.units import fmt_bytes
-from kerasmagic.walk.state import StateTypes
+from kerasmagic.walk.state import StateTypes, instance_dict
 
 MAX_NODES = 10_000  # functional-graph nodes followed upstream of one tensor
 
@@ -110,12 +110,9 @@ def owned(roots: Iterable[Any], types: StateTypes) -> Owned:
 def outbound_nodes(layer: Any) -> list[Any] | None:
     """Return the list in which a layer records every later call on its outputs (Keras 3's
     ``_outbound_nodes``, tf-keras's ``_outbound_nodes_value``), or None."""
-    try:
-        attrs = object.__getattribute__(layer, "__dict__")
-    except AttributeError:
-        return None
+    attrs = instance_dict(layer) or {}
     for name in ("_outbound_nodes", "_outbound_nodes_value"):
-        found = attrs.get(name) if type(attrs) is dict else None
+        found = attrs.get(name)
         if issubclass(type(found), list):  # TF's tracking wraps a layer's lists in a subclass
             return found
     return None
@@ -123,11 +120,8 @@ def outbound_nodes(layer: Any) -> list[Any] | None:
 
 def node_layer(node: Any) -> Any:
     """Return the layer a functional-graph node is a call of (Keras 3 or tf-keras)."""
-    try:
-        attrs = object.__getattribute__(node, "__dict__")
-    except AttributeError:
-        return None
-    return attrs.get("operation", attrs.get("layer")) if type(attrs) is dict else None
+    attrs = instance_dict(node) or {}
+    return attrs.get("operation", attrs.get("layer"))
 
 
 def _itemsize(dtype: Any) -> int:

@@ -120,13 +120,19 @@ def is_a(obj: Any, types: tuple[type, ...]) -> bool:
     return bool(types) and issubclass(type(obj), types)
 
 
-def callback_model(callback: Any) -> Any:
-    """Return the model a callback (or ``History``) points at, without Keras's property logic."""
+def instance_dict(obj: Any) -> dict[str, Any] | None:
+    """Return an object's own ``__dict__`` without running its class's code, else None."""
     try:
-        attrs = object.__getattribute__(callback, "__dict__")
+        attrs = object.__getattribute__(obj, "__dict__")
     except AttributeError:
         return None
-    return attrs.get("_model", attrs.get("model")) if type(attrs) is dict else None
+    return attrs if type(attrs) is dict else None
+
+
+def callback_model(callback: Any) -> Any:
+    """Return the model a callback (or ``History``) points at, without Keras's property logic."""
+    attrs = instance_dict(callback)
+    return None if attrs is None else attrs.get("_model", attrs.get("model"))
 
 
 def user_class(kind: type) -> bool:

@@ -5,12 +5,12 @@
  */
 import { Cell } from '@jupyterlab/cells';
 import { NotebookPanel } from '@jupyterlab/notebook';
-import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 import { MessageLoop } from '@lumino/messaging';
 import { PanelLayout, Widget } from '@lumino/widgets';
 
 import { METADATA_KEY, ICellMemory, readCellMemory } from './cellrecord';
+import { CodeCellWatcher } from './cellwatch';
 import { formatBytes, formatDelta } from './format';
 
 /** The `showCellBadges` setting, shared by every notebook's badges. */
@@ -100,42 +100,15 @@ class Badge extends Widget {
 }
 
 /** Keeps a badge under every code cell of one notebook in step with its record. */
-export class CellBadges implements IDisposable {
+export class CellBadges extends CodeCellWatcher {
   constructor(panel: NotebookPanel, settings: BadgeSettings) {
-    this._panel = panel;
+    super(panel);
     this._settings = settings;
-    settings.changed.connect(this._updateAll, this);
-    panel.context.ready.then(() => this._start()).catch(() => undefined);
+    settings.changed.connect(this.visitAll, this);
   }
 
-  get isDisposed(): boolean {
-    return this._disposed;
-  }
-
-  dispose(): void {
-    this._disposed = true;
-    Signal.disconnectReceiver(this);
-  }
-
-  private _start(): void {
-    const cells = this._panel.content.model?.cells;
-    if (!cells || this._disposed) {
-      return;
-    }
-    // The notebook makes its cell widgets in its own handler of the same signal: wait for it.
-    cells.changed.connect(() => void Promise.resolve().then(() => this._updateAll()), this);
-    this._updateAll();
-  }
-
-  private _updateAll(): void {
-    if (this._disposed) {
-      return;
-    }
-    for (const cell of this._panel.content.widgets) {
-      if (cell.model.type === 'code') {
-        this._update(cell);
-      }
-    }
+  protected onCell(cell: Cell): void {
+    this._update(cell);
   }
 
   private _update(cell: Cell): void {
@@ -179,9 +152,7 @@ export class CellBadges implements IDisposable {
     }
   }
 
-  private _panel: NotebookPanel;
   private _settings: BadgeSettings;
-  private _disposed = false;
   private _badges = new WeakMap<Cell, Badge>();
   /** The execution count of the record each cell's badge showed as current when it last ran. */
   private _shown = new WeakMap<Cell, number | null>();
