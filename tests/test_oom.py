@@ -52,25 +52,60 @@ def test_an_oom_raised_from_inside_another_error_is_found() -> None:
     assert oom is not None and oom.wanted_bytes == 128 * 4096 * 4
 
 
-def test_torch_oom_is_recognised() -> None:
+# PyTorch's CUDA message as its caching allocator words it (2.1+, then the older form), with
+# a cap set by set_per_process_memory_fraction ("allowed").
+TORCH_CUDA = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of "
+    "which 1.50 GiB is free. Including non-PyTorch memory, this process has 77.63 GiB memory in "
+    "use. Of the allocated memory 76.10 GiB is allocated by PyTorch, and 1.02 GiB is reserved by "
+    "PyTorch but unallocated."
+)
+TORCH_CUDA_OLD = (
+    "CUDA out of memory. Tried to allocate 36.00 MiB (GPU 1; 7.93 GiB total capacity; 130.35 MiB "
+    "already allocated; 47.06 MiB free; 1.50 GiB allowed; 188.00 MiB reserved in total by PyTorch)"
+)
+
+
+def test_torch_cuda_oom_says_device_wanted_in_use_and_limit() -> None:
     torch = pytest.importorskip("torch")  # not in the oldest-versions venv
 
-    error = torch.OutOfMemoryError(
-        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB"
-    )
-    oom = find_oom(error)
-    assert oom is not None and oom.backend == "torch" and oom.device == "GPU:0"
+    oom = find_oom(torch.OutOfMemoryError(TORCH_CUDA))
+    assert oom is not None and oom.backend == "torch" and oom.device == "cuda:0"
     assert oom.wanted_bytes == 2 * 2**30
+    assert oom.in_use_bytes == int(76.10 * 2**30) and oom.limit_bytes == int(79.15 * 2**30)
+    old = find_oom(torch.OutOfMemoryError(TORCH_CUDA_OLD))
+    assert old is not None and old.device == "cuda:1" and old.wanted_bytes == 36 * 2**20
+    assert old.in_use_bytes == int(130.35 * 2**20) and old.limit_bytes == int(1.5 * 2**30)
 
 
-def test_jax_oom_is_recognised() -> None:
+def test_torch_cpu_allocator_error_raised_for_real_is_recognised() -> None:
+    torch = pytest.importorskip("torch")
+
+    with pytest.raises(RuntimeError) as raised:
+        torch.empty(2**44)  # 64 TB of float32: refused at once, nothing allocated
+    assert type(raised.value) is RuntimeError  # not torch.OutOfMemoryError: only its message says
+    oom = find_oom(raised.value)
+    assert oom is not None and oom.backend == "torch" and oom.device == "cpu"
+    assert oom.wanted_bytes == 2**46
+
+
+def test_jax_oom_raised_for_real_on_the_cpu_and_gpus_message_are_recognised() -> None:
+    jnp = pytest.importorskip("jax.numpy")
     JaxRuntimeError = pytest.importorskip("jax.errors").JaxRuntimeError
 
-    error = JaxRuntimeError(
+    with pytest.raises(JaxRuntimeError) as raised:
+        jnp.ones((2**40,), jnp.float32).block_until_ready()  # 4 TB: refused at once
+    oom = find_oom(raised.value)
+    assert oom is not None and oom.backend == "jax" and oom.wanted_bytes == 2**42
+    gpu = JaxRuntimeError(
         "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1048576 bytes."
     )
-    oom = find_oom(error)
+    oom = find_oom(gpu)
     assert oom is not None and oom.backend == "jax" and oom.wanted_bytes == 1048576
+    bfc = JaxRuntimeError("RESOURCE_EXHAUSTED: Failed to allocate request for 32.00GiB "
+                          "(34359738368B) on device ordinal 0")  # fmt: skip
+    oom = find_oom(bfc)
+    assert oom is not None and oom.device == "gpu:0" and oom.wanted_bytes == 2**35
 
 
 def test_other_errors_are_not_oom() -> None:
