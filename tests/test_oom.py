@@ -7,6 +7,7 @@ the error, the figures and the recovery are TensorFlow's own. BFC retries ~10 s 
 
 from __future__ import annotations
 
+import json
 import pathlib
 import sys
 
@@ -143,6 +144,68 @@ def test_a_real_oom_is_explained_after_the_traceback_and_recovered(
         content, text = kernel_run(client, "%%fresh_model\na = tf.zeros((10, 1000, 1000))")
         assert content["status"] == "ok", text  # the size that fitted before fits again
         assert kernel_value(client, "int(a.shape[0])") == 10
+
+
+def test_the_cell_record_carries_the_oom_the_block_explains(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kerasmagic.live import get_monitor
+
+    monitor = get_monitor(ip)
+    assert monitor is not None
+    ip.run_cell("raise ValueError('not memory')")
+    assert monitor.history()[-1].oom is None
+    raise_oom = (
+        "import tensorflow as tf\n"
+        f"raise tf.errors.ResourceExhaustedError(None, None, {TF_GPU_OOM!r})"
+    )
+    ip.run_cell(raise_oom)
+    block = capsys.readouterr().out
+    record = monitor.history()[-1]
+    assert record.oom is not None
+    said = json.loads(json.dumps(record.to_dict()))["oom"]  # as the sidebar gets it
+    assert said["backend"] == "tensorflow" and said["device"] == "GPU:0"
+    assert said["wanted_bytes"] == 128 * 4096 * 4 and said["shape"] == [128, 4096]
+    assert said["isolated"] is False
+    assert f"  remedy     {said['remedy']}" in block  # the same remedy as the printed block
+    ip.run_cell("x = 1")
+    assert monitor.history()[-1].oom is None
+
+
+RECORD = "__import__('kerasmagic').history()[-1].oom.to_dict()"  # the cell before this one
+
+
+HUGE = {  # far past any host: refused at once, nothing allocated
+    "jax": ("import jax.numpy as jnp\na = jnp.ones((2**40,), jnp.float32)", "cpu:0", "JAX",
+            "4.0 TB", "a = jnp.ones((2**20,), jnp.float32)"),
+    "torch": ("import torch\na = torch.empty(2**44)", "cpu", "PyTorch", "64.0 TB",
+              "a = torch.empty(2**20)"),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", sorted(HUGE))
+def test_jax_and_torch_ooms_in_a_real_kernel_are_explained(
+    tmp_path: pathlib.Path, backend: str
+) -> None:
+    pytest.importorskip(backend)
+    cell, device, label, wanted, small = HUGE[backend]
+    with real_kernel(str(tmp_path), backend=backend) as (_, client):
+        content, text = kernel_run(client, cell)
+        assert content["status"] == "error", text
+        trace, _, block = text.partition(f"kerasmagic: out of memory on {device} ({label})")
+        assert content["ename"] in trace and block, text
+        assert f"wanted     {wanted} for one block" in block
+        assert f"no allocator figures ({label} keeps none on {device}); process RSS" in block
+        assert "(host RAM)" in block
+        assert "remedy     this one allocation needs more than the host's RAM" in block
+        said = kernel_value(client, RECORD)
+        assert said["backend"] == backend and said["device"] == device
+        assert said["limit_bytes"] == kernel_value(
+            client, "__import__('psutil').virtual_memory().total"
+        )
+        content, text = kernel_run(client, small)  # the kernel goes on
+        assert content["status"] == "ok", text
 
 
 def test_the_block_follows_an_oom_cell_only_and_goes_with_unload(
@@ -282,3 +345,31 @@ def test_after_an_oom_in_a_tape_loop_or_while_building_the_size_that_fitted_fits
             content, text = kernel_run(client, TAPE.format(n=1000), timeout_s=180)
             assert content["status"] == "ok", text  # the size that fitted fits again
             assert abs(kernel_value(client, in_use) - fitted) <= fitted / 10
+
+
+# -- the limit: a cap the user set, else the device's size -------------------------------------
+def test_tensorflows_gpu_limit_is_the_logical_devices_memory_limit() -> None:
+    from kerasmagic.oom.limits import GPU_TOTAL, TF_CAP, Limit, tf_gpu_limit
+
+    totals = [80 * 2**30, 40 * 2**30]
+    assert tf_gpu_limit(0, [(0, 2048), (1, None)], totals) == Limit(2 * 2**30, TF_CAP)
+    assert tf_gpu_limit(1, [(0, 2048), (1, None)], totals) == Limit(40 * 2**30, GPU_TOTAL)
+    split = [(0, 1024), (0, 3072), (1, None)]  # GPU 0 split in two logical devices
+    assert tf_gpu_limit(1, split, totals) == Limit(3 * 2**30, TF_CAP)
+    assert tf_gpu_limit(2, split, totals) == Limit(40 * 2**30, GPU_TOTAL)  # physical 1's total
+    assert tf_gpu_limit(0, [], totals) == Limit(80 * 2**30, GPU_TOTAL)  # nothing configured
+    assert tf_gpu_limit(3, [], totals) is None
+
+
+def test_the_limit_reads_tensorflows_configuration_without_starting_anything() -> None:
+    """Through the real TensorFlow (no GPU here: no configuration to read) and NVML's totals."""
+    import tensorflow as tf
+
+    from kerasmagic.oom.limits import Limit, device_limit, tf_logical_gpus
+    from kerasmagic.probes.nvml import GpuDevice
+
+    gpu = GpuDevice(0, 0, "GPU-0", "fake", 16 * 2**30, 2**30, None)
+    assert tf_logical_gpus(tf) == []  # list_physical_devices + get_logical_device_configuration
+    assert device_limit("tensorflow", "GPU:0", [gpu]) == Limit(16 * 2**30, "the GPU's total")
+    assert device_limit("jax", "gpu:0", [gpu], reported=2**30) == Limit(2**30, "JAX's limit")
+    assert device_limit("torch", "cpu", [], host_total=8 * 2**30) == Limit(8 * 2**30, "host RAM")
