@@ -175,6 +175,34 @@ def test_the_cell_record_carries_the_oom_the_block_explains(
 RECORD = "__import__('kerasmagic').history()[-1].oom.to_dict()"  # the cell before this one
 
 
+@pytest.mark.slow
+def test_an_isolated_cells_oom_is_explained_with_the_childs_figures(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cap reaches the child through the kernel's environment; the kernel never imports TF."""
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", "160")
+    cell = ("%%fresh_model --isolate\nimport tensorflow as tf\n"
+            "a = tf.zeros((10, 1000, 1000))\nb = tf.zeros((35, 1000, 1000))")  # fmt: skip
+    with real_kernel(str(tmp_path)) as (_, client):
+        content, text = kernel_run(client, cell, timeout_s=180)
+        assert content["status"] == "error" and content["ename"] == "IsolatedError", text
+        trace, _, block = text.partition("kerasmagic: out of memory on CPU:0 (TensorFlow), in "
+                                         "isolated process ")  # fmt: skip
+        assert "ResourceExhaustedError" in trace and block, text  # the child's traceback first
+        assert "wanted     133.5 MB for a float tensor of shape [35, 1000, 1000]" in block
+        assert "limit 160.0 MB (TF_CPU_BFC_MEM_LIMIT_IN_MB)" in block
+        in_use = int(float(block.split("in use ")[1].split(" MB")[0]) * 2**20)
+        assert 40 * 10**6 <= in_use <= 70 * 2**20, block  # `a`, alive as the child failed
+        assert "that process has ended, and its memory with it" in block
+        assert "still ran out: use a smaller batch or model" in block
+        assert "held by" not in block  # the kernel's models are not what ran out there
+        said = kernel_value(client, RECORD)
+        assert said["isolated"] is True and said["device"] == "CPU:0"
+        assert said["limit_bytes"] == 160 * 2**20 and said["wanted_bytes"] == 35 * 4 * 10**6
+        assert kernel_value(client, "'tensorflow' in __import__('sys').modules") is False
+
+
 HUGE = {  # far past any host: refused at once, nothing allocated
     "jax": ("import jax.numpy as jnp\na = jnp.ones((2**40,), jnp.float32)", "cpu:0", "JAX",
             "4.0 TB", "a = jnp.ones((2**20,), jnp.float32)"),
