@@ -70,6 +70,35 @@ export interface ISnapshot {
   keras: IKerasInfo;
 }
 
+/** `OomFacts.to_dict()` from kerasmagic/oom/facts.py: how a cell ran out of memory. */
+export interface IOomFacts {
+  /** "tensorflow", "torch" or "jax". */
+  backend: string;
+  /** The device that ran out ("CPU:0", "GPU:0", "cuda:0", "gpu:0"), or null. */
+  device: string | null;
+  /** Bytes the failed allocation wanted, when the error says. */
+  wanted_bytes: number | null;
+  shape: number[] | null;
+  dtype: string | null;
+  /** The device's allocator after the error (an isolated child's: as it failed), or null. */
+  in_use_bytes: number | null;
+  peak_bytes: number | null;
+  limit_bytes: number | null;
+  /** Where the limit comes from, in words (a cap the user set, the GPU's total, host RAM). */
+  limit_source: string | null;
+  /** The one remedy the figures point to, as the kernel printed it. */
+  remedy: string;
+  /** Raised in a `%%fresh_model --isolate` child, which has ended since. */
+  isolated: boolean;
+}
+
+/** Return `value` if it has the shape of out-of-memory facts this frontend shows, else null. */
+export function readOom(value: unknown): IOomFacts | null {
+  return isObject(value) && typeof value.backend === 'string' && typeof value.remedy === 'string'
+    ? (value as unknown as IOomFacts)
+    : null;
+}
+
 /** `CellRecord.to_dict()` from kerasmagic/live/monitor.py. */
 export interface ICellRecord {
   execution_count: number;
@@ -86,6 +115,8 @@ export interface ICellRecord {
    * (as a `cell` message's `warning`); absent from kernels that do not send it.
    */
   warning?: string | null;
+  /** Set when the cell ended in an out-of-memory error; absent from older kernels. */
+  oom?: IOomFacts | null;
 }
 
 /** The leak detector's verdict. */
