@@ -19,9 +19,9 @@ from kerasmagic.native.heap import pin_mmap_threshold
 from kerasmagic.shellstate import ShellState, any_loaded, forget, register, state_of
 
 PARTS: tuple[tuple[str, str], ...] = (
+    ("oom", "kerasmagic.oom"),  # explains an OOM: before the monitor, whose record carries it
     ("live", "kerasmagic.live"),  # the per-cell monitor
     ("sidebar", "kerasmagic.views.comm"),  # shows the monitor: after it
-    ("oom", "kerasmagic.oom"),
     ("loops", "kerasmagic.cleanup.loops"),
     ("await", "kerasmagic.cells.awaiting"),
     ("lost_interrupts", "kerasmagic.interrupts.lost"),

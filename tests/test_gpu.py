@@ -6,9 +6,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import run
+from conftest import kernel_run, kernel_value, real_kernel, run
 from IPython.core.interactiveshell import InteractiveShell
 
 from kerasmagic.probes import nvml
@@ -155,3 +156,110 @@ def test_jax_allocator_on_gpu_and_freeing() -> None:
     held, after = _in_child(JAX_GPU)
     assert held >= 256 * 2**20
     assert after < held - 200 * 2**20
+
+
+# -- out of memory on a real GPU: explained, and the size that fitted fits again --------------
+CAP_MB = 2048  # each backend capped at 2 GB, so an OOM is cheap on any GPU
+
+
+def _total_mb() -> int:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return int(out.stdout.strip().splitlines()[0])
+
+
+MODELS = """
+import numpy as np, keras
+x = np.random.default_rng(0).random((8192, 1024), dtype=np.float32)
+y = np.random.default_rng(1).integers(0, 10, 8192)
+def build(width):
+    m = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(width, activation="relu"),
+                          keras.layers.Dense(width, activation="relu"), keras.layers.Dense(10)])
+    m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return m
+"""
+FITS = "%%fresh_model -q\nm = build(2048)\nm.fit(x, y, batch_size=512, epochs=1, verbose=0)"
+TOO_BIG = {  # each runs out of the 2 GB: in fit (Adam's slots), in predict, while building
+    "fit": "%%fresh_model -q\nm = build(16384)\nm.fit(x, y, batch_size=512, epochs=1, verbose=0)",
+    "predict": "%%fresh_model -q\nm = build(8192)\n"
+    "m.predict(np.zeros((65536, 1024), np.float32), batch_size=65536, verbose=0)",
+    "build": "%%fresh_model -q\nm = build(32768)",
+}
+# backend: (set-up before Keras, the allocator's bytes in use, the device, the block's words)
+GPU_BACKENDS = {
+    "tensorflow": (
+        f"%gpu_mem --limit {CAP_MB}\nimport tensorflow as tf",
+        "tf.config.experimental.get_memory_info('GPU:0')['current']",
+        "GPU:0 (TensorFlow)",
+        "limit 2.0 GB (TensorFlow's memory_limit)",  # the cap, not the GPU's total
+    ),
+    "torch": (
+        "import torch\ntorch.cuda.set_per_process_memory_fraction("
+        f"{CAP_MB} * 2**20 / torch.cuda.get_device_properties(0).total_memory)",
+        "torch.cuda.memory_allocated(0)",
+        "cuda:0 (PyTorch)",
+        "limit 2.0 GB",
+    ),
+    "jax": (
+        "import jax",
+        "jax.devices()[0].memory_stats()['bytes_in_use']",
+        "gpu:0 (JAX)",
+        "limit 2.0 GB",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", sorted(GPU_BACKENDS))
+def test_a_real_oom_on_each_backend_is_explained_and_the_size_that_fitted_fits_again(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip(backend)
+    setup, in_use, device, limit = GPU_BACKENDS[backend]
+    if backend == "jax":  # XLA's cap is a fraction of the GPU, read as JAX starts
+        monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{CAP_MB / _total_mb():.4f}")
+    with real_kernel(str(tmp_path), backend=backend) as (_, client):
+        content, text = kernel_run(client, setup + MODELS)
+        assert content["status"] == "ok", text
+        assert kernel_run(client, FITS, 300)[0]["status"] == "ok"
+        fitted = kernel_value(client, in_use)
+        for step, cell in TOO_BIG.items():
+            content, text = kernel_run(client, cell, timeout_s=300)
+            assert content["status"] == "error", f"{step}: {text}"
+            assert f"kerasmagic: out of memory on {device}" in text, f"{step}: {text}"
+            assert limit in text and "remedy" in text, f"{step}: {text}"
+            content, text = kernel_run(client, FITS, timeout_s=300)
+            assert content["status"] == "ok", f"after {step}: {text}"  # no restart needed
+            back = kernel_value(client, in_use)
+            assert abs(back - fitted) <= fitted / 10, f"after {step}: {back} vs {fitted}"
+
+
+LIMIT_FROM_CAP = """
+import json, kerasmagic.backends as c
+said = c.configure_gpus(limit_mb=1536)
+import tensorflow as tf
+from kerasmagic.oom.batch import device_meter
+from kerasmagic.oom.limits import device_limit
+from kerasmagic.probes import read_gpus
+limit = device_limit("tensorflow", "GPU:0", read_gpus().devices)
+tf.ones((1024, 1024))  # starts the runtime: the cap stays the limit
+meter = device_meter()
+print(json.dumps([said, limit.bytes, limit.source, meter.limit_bytes, meter.limit_source]))
+"""
+
+
+def test_tensorflows_gpu_limit_is_its_memory_limit_not_the_gpus_total() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", LIMIT_FROM_CAP],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        check=True,
+    )
+    said, limit, source, meter, meter_source = json.loads(out.stdout.strip().splitlines()[-1])
+    assert said.startswith("memory capped at 1536 MB")
+    assert limit == meter == 1536 * 2**20
+    assert source == meter_source == "TensorFlow's memory_limit"

@@ -293,3 +293,28 @@ def test_folders_of_dead_kernels_are_removed_by_the_next_run() -> None:
     finally:
         for folder in (stale, live, fresh):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_child_runs_the_kernels_own_kerasmagic_when_another_comes_first(
+    tmp_path: Path,
+) -> None:
+    """An editable install beside a checkout puts another copy first on the child's path; the
+    child must still run the copy the kernel imported (its result format is the kernel's)."""
+    import subprocess
+    import sys
+
+    from kerasmagic.isolate._guard import PRELUDE
+
+    other = tmp_path / "kerasmagic"
+    other.mkdir()
+    (other / "__init__.py").write_text("raise ImportError('the other copy was imported')\n")
+    root = str(Path(kerasmagic.__file__).resolve().parents[1])
+    code = PRELUDE + "print(sys.modules['kerasmagic.isolate._guard'].__file__)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", code, root, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(Path(root) / "kerasmagic" / "isolate" / "_guard.py")

@@ -7,6 +7,7 @@ the error, the figures and the recovery are TensorFlow's own. BFC retries ~10 s 
 
 from __future__ import annotations
 
+import json
 import pathlib
 import sys
 
@@ -16,11 +17,17 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from kerasmagic.oom import find_oom
 
-# On the oldest stack (TF 2.16 / Keras 3.3) the finder leaves ~23 MB more behind and the tape
-# recovery misses its 10%: not yet looked into (issue 19's note), so those two run on [test]'s.
+# On the oldest stack (TF 2.16 / Keras 3.3) the finder leaves more behind and the tape recovery
+# misses its 10%, so those two run on [test]'s. Measured for the finder (model 256-2048-2048-10,
+# Adam, 160 MB cap, in an IPython shell): TF's CPU:0 holds 30-78 MB after it, run to run, where
+# TF 2.21 / Keras 3.15 holds exactly 54.3 MB (weights and Adam's slots); the excess comes in
+# weight-sized steps (~18 MB) and stays after `del m` + clear_session, so no Python object gc
+# sees holds it. Not oneDNN's primitive cache (TF_ENABLE_ONEDNN_OPTS=0 and
+# ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 both keep it), not the finder's saved state aliasing TF's
+# buffers (copying it changed nothing). The same code as a plain script held 31 MB.
 OLD_STACK = pytest.mark.skipif(
     tuple(int(p) for p in __import__("keras").__version__.split(".")[:2]) < (3, 5),
-    reason="TF 2.16 / Keras 3.3 keep more after probing or an OOM: not yet looked into",
+    reason="TF 2.16 / Keras 3.3 keep more after probing or an OOM (cause unknown, see above)",
 )
 
 TF_GPU_OOM = (
@@ -52,25 +59,60 @@ def test_an_oom_raised_from_inside_another_error_is_found() -> None:
     assert oom is not None and oom.wanted_bytes == 128 * 4096 * 4
 
 
-def test_torch_oom_is_recognised() -> None:
+# PyTorch's CUDA message as its caching allocator words it (2.1+, then the older form), with
+# a cap set by set_per_process_memory_fraction ("allowed").
+TORCH_CUDA = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of "
+    "which 1.50 GiB is free. Including non-PyTorch memory, this process has 77.63 GiB memory in "
+    "use. Of the allocated memory 76.10 GiB is allocated by PyTorch, and 1.02 GiB is reserved by "
+    "PyTorch but unallocated."
+)
+TORCH_CUDA_OLD = (
+    "CUDA out of memory. Tried to allocate 36.00 MiB (GPU 1; 7.93 GiB total capacity; 130.35 MiB "
+    "already allocated; 47.06 MiB free; 1.50 GiB allowed; 188.00 MiB reserved in total by PyTorch)"
+)
+
+
+def test_torch_cuda_oom_says_device_wanted_in_use_and_limit() -> None:
     torch = pytest.importorskip("torch")  # not in the oldest-versions venv
 
-    error = torch.OutOfMemoryError(
-        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB"
-    )
-    oom = find_oom(error)
-    assert oom is not None and oom.backend == "torch" and oom.device == "GPU:0"
+    oom = find_oom(torch.OutOfMemoryError(TORCH_CUDA))
+    assert oom is not None and oom.backend == "torch" and oom.device == "cuda:0"
     assert oom.wanted_bytes == 2 * 2**30
+    assert oom.in_use_bytes == int(76.10 * 2**30) and oom.limit_bytes == int(79.15 * 2**30)
+    old = find_oom(torch.OutOfMemoryError(TORCH_CUDA_OLD))
+    assert old is not None and old.device == "cuda:1" and old.wanted_bytes == 36 * 2**20
+    assert old.in_use_bytes == int(130.35 * 2**20) and old.limit_bytes == int(1.5 * 2**30)
 
 
-def test_jax_oom_is_recognised() -> None:
+def test_torch_cpu_allocator_error_raised_for_real_is_recognised() -> None:
+    torch = pytest.importorskip("torch")
+
+    with pytest.raises(RuntimeError) as raised:
+        torch.empty(2**44)  # 64 TB of float32: refused at once, nothing allocated
+    assert type(raised.value) is RuntimeError  # not torch.OutOfMemoryError: only its message says
+    oom = find_oom(raised.value)
+    assert oom is not None and oom.backend == "torch" and oom.device == "cpu"
+    assert oom.wanted_bytes == 2**46
+
+
+def test_jax_oom_raised_for_real_on_the_cpu_and_gpus_message_are_recognised() -> None:
+    jnp = pytest.importorskip("jax.numpy")
     JaxRuntimeError = pytest.importorskip("jax.errors").JaxRuntimeError
 
-    error = JaxRuntimeError(
+    with pytest.raises(JaxRuntimeError) as raised:
+        jnp.ones((2**40,), jnp.float32).block_until_ready()  # 4 TB: refused at once
+    oom = find_oom(raised.value)
+    assert oom is not None and oom.backend == "jax" and oom.wanted_bytes == 2**42
+    gpu = JaxRuntimeError(
         "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1048576 bytes."
     )
-    oom = find_oom(error)
+    oom = find_oom(gpu)
     assert oom is not None and oom.backend == "jax" and oom.wanted_bytes == 1048576
+    bfc = JaxRuntimeError("RESOURCE_EXHAUSTED: Failed to allocate request for 32.00GiB "
+                          "(34359738368B) on device ordinal 0")  # fmt: skip
+    oom = find_oom(bfc)
+    assert oom is not None and oom.device == "gpu:0" and oom.wanted_bytes == 2**35
 
 
 def test_other_errors_are_not_oom() -> None:
@@ -108,6 +150,97 @@ def test_a_real_oom_is_explained_after_the_traceback_and_recovered(
         content, text = kernel_run(client, "%%fresh_model\na = tf.zeros((10, 1000, 1000))")
         assert content["status"] == "ok", text  # the size that fitted before fits again
         assert kernel_value(client, "int(a.shape[0])") == 10
+
+
+def test_the_cell_record_carries_the_oom_the_block_explains(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kerasmagic.live import get_monitor
+
+    monitor = get_monitor(ip)
+    assert monitor is not None
+    ip.run_cell("raise ValueError('not memory')")
+    assert monitor.history()[-1].oom is None
+    raise_oom = (
+        "import tensorflow as tf\n"
+        f"raise tf.errors.ResourceExhaustedError(None, None, {TF_GPU_OOM!r})"
+    )
+    ip.run_cell(raise_oom)
+    block = capsys.readouterr().out
+    record = monitor.history()[-1]
+    assert record.oom is not None
+    said = json.loads(json.dumps(record.to_dict()))["oom"]  # as the sidebar gets it
+    assert said["backend"] == "tensorflow" and said["device"] == "GPU:0"
+    assert said["wanted_bytes"] == 128 * 4096 * 4 and said["shape"] == [128, 4096]
+    assert said["isolated"] is False
+    assert f"  remedy     {said['remedy']}" in block  # the same remedy as the printed block
+    ip.run_cell("x = 1")
+    assert monitor.history()[-1].oom is None
+
+
+RECORD = "__import__('kerasmagic').history()[-1].oom.to_dict()"  # the cell before this one
+
+
+@pytest.mark.slow
+def test_an_isolated_cells_oom_is_explained_with_the_childs_figures(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cap reaches the child through the kernel's environment; the kernel never imports TF."""
+    pytest.importorskip("cloudpickle")  # isolation's own need; not in the oldest-versions venv
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", "160")
+    cell = ("%%fresh_model --isolate\nimport tensorflow as tf\n"
+            "a = tf.zeros((10, 1000, 1000))\nb = tf.zeros((35, 1000, 1000))")  # fmt: skip
+    with real_kernel(str(tmp_path)) as (_, client):
+        content, text = kernel_run(client, cell, timeout_s=180)
+        assert content["status"] == "error" and content["ename"] == "IsolatedError", text
+        trace, _, block = text.partition("kerasmagic: out of memory on CPU:0 (TensorFlow), in "
+                                         "isolated process ")  # fmt: skip
+        assert "ResourceExhaustedError" in trace and block, text  # the child's traceback first
+        assert "wanted     133.5 MB for a float tensor of shape [35, 1000, 1000]" in block
+        assert "limit 160.0 MB (TF_CPU_BFC_MEM_LIMIT_IN_MB)" in block
+        in_use = int(float(block.split("in use ")[1].split(" MB")[0]) * 2**20)
+        assert 40 * 10**6 <= in_use <= 70 * 2**20, block  # `a`, alive as the child failed
+        assert "that process has ended, and its memory with it" in block
+        assert "still ran out: use a smaller batch or model" in block
+        assert "held by" not in block  # the kernel's models are not what ran out there
+        said = kernel_value(client, RECORD)
+        assert said["isolated"] is True and said["device"] == "CPU:0"
+        assert said["limit_bytes"] == 160 * 2**20 and said["wanted_bytes"] == 35 * 4 * 10**6
+        assert kernel_value(client, "'tensorflow' in __import__('sys').modules") is False
+
+
+HUGE = {  # far past any host: refused at once, nothing allocated
+    "jax": ("import jax.numpy as jnp\na = jnp.ones((2**40,), jnp.float32)", "cpu:0", "JAX",
+            "4.0 TB", "a = jnp.ones((2**20,), jnp.float32)"),
+    "torch": ("import torch\na = torch.empty(2**44)", "cpu", "PyTorch", "64.0 TB",
+              "a = torch.empty(2**20)"),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", sorted(HUGE))
+def test_jax_and_torch_ooms_in_a_real_kernel_are_explained(
+    tmp_path: pathlib.Path, backend: str
+) -> None:
+    pytest.importorskip(backend)
+    cell, device, label, wanted, small = HUGE[backend]
+    with real_kernel(str(tmp_path), backend=backend) as (_, client):
+        content, text = kernel_run(client, cell)
+        assert content["status"] == "error", text
+        trace, _, block = text.partition(f"kerasmagic: out of memory on {device} ({label})")
+        assert content["ename"] in trace and block, text
+        assert f"wanted     {wanted} for one block" in block
+        assert f"no allocator figures ({label} keeps none on {device}); process RSS" in block
+        assert "(host RAM)" in block
+        assert "remedy     this one allocation needs more than the host's RAM" in block
+        said = kernel_value(client, RECORD)
+        assert said["backend"] == backend and said["device"] == device
+        assert said["limit_bytes"] == kernel_value(
+            client, "__import__('psutil').virtual_memory().total"
+        )
+        content, text = kernel_run(client, small)  # the kernel goes on
+        assert content["status"] == "ok", text
 
 
 def test_the_block_follows_an_oom_cell_only_and_goes_with_unload(
@@ -247,3 +380,31 @@ def test_after_an_oom_in_a_tape_loop_or_while_building_the_size_that_fitted_fits
             content, text = kernel_run(client, TAPE.format(n=1000), timeout_s=180)
             assert content["status"] == "ok", text  # the size that fitted fits again
             assert abs(kernel_value(client, in_use) - fitted) <= fitted / 10
+
+
+# -- the limit: a cap the user set, else the device's size -------------------------------------
+def test_tensorflows_gpu_limit_is_the_logical_devices_memory_limit() -> None:
+    from kerasmagic.oom.limits import GPU_TOTAL, TF_CAP, Limit, tf_gpu_limit
+
+    totals = [80 * 2**30, 40 * 2**30]
+    assert tf_gpu_limit(0, [(0, 2048), (1, None)], totals) == Limit(2 * 2**30, TF_CAP)
+    assert tf_gpu_limit(1, [(0, 2048), (1, None)], totals) == Limit(40 * 2**30, GPU_TOTAL)
+    split = [(0, 1024), (0, 3072), (1, None)]  # GPU 0 split in two logical devices
+    assert tf_gpu_limit(1, split, totals) == Limit(3 * 2**30, TF_CAP)
+    assert tf_gpu_limit(2, split, totals) == Limit(40 * 2**30, GPU_TOTAL)  # physical 1's total
+    assert tf_gpu_limit(0, [], totals) == Limit(80 * 2**30, GPU_TOTAL)  # nothing configured
+    assert tf_gpu_limit(3, [], totals) is None
+
+
+def test_the_limit_reads_tensorflows_configuration_without_starting_anything() -> None:
+    """Through the real TensorFlow (no GPU here: no configuration to read) and NVML's totals."""
+    import tensorflow as tf
+
+    from kerasmagic.oom.limits import Limit, device_limit, tf_logical_gpus
+    from kerasmagic.probes.nvml import GpuDevice
+
+    gpu = GpuDevice(0, 0, "GPU-0", "fake", 16 * 2**30, 2**30, None)
+    assert tf_logical_gpus(tf) == []  # list_physical_devices + get_logical_device_configuration
+    assert device_limit("tensorflow", "GPU:0", [gpu]) == Limit(16 * 2**30, "the GPU's total")
+    assert device_limit("jax", "gpu:0", [gpu], reported=2**30) == Limit(2**30, "JAX's limit")
+    assert device_limit("torch", "cpu", [], host_total=8 * 2**30) == Limit(8 * 2**30, "host RAM")

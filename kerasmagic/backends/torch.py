@@ -32,13 +32,23 @@ def cuda_started(torch: Any) -> bool:
     return bool(attempt(lambda: torch.cuda.is_initialized(), False))
 
 
+def device_limit(torch: Any, index: int) -> tuple[int, str]:
+    """Return a GPU's limit for PyTorch: its total, times ``set_per_process_memory_fraction``."""
+    cuda = torch.cuda
+    total = int(cuda.get_device_properties(index).total_memory)
+    fraction = attempt(lambda: float(cuda.get_per_process_memory_fraction(index)), 1.0)
+    if fraction < 1.0:
+        return int(total * fraction), "PyTorch's memory fraction"
+    return total, "the GPU's total"
+
+
 def _device(torch: Any, index: int) -> BackendDevice:
     cuda = torch.cuda
     return BackendDevice(
         name=f"cuda:{index}",
         in_use_bytes=attempt(lambda: int(cuda.memory_allocated(index)), None),
         peak_bytes=attempt(lambda: int(cuda.max_memory_allocated(index)), None),
-        limit_bytes=attempt(lambda: int(cuda.get_device_properties(index).total_memory), None),
+        limit_bytes=attempt(lambda: device_limit(torch, index)[0], None),
         reserved_bytes=attempt(lambda: int(cuda.memory_reserved(index)), None),
         kind="gpu",
     )

@@ -84,12 +84,31 @@ def error_info(exc: BaseException) -> ErrorInfo:
     return type(exc).__qualname__, str(exc), text
 
 
+def oom_figures(exc: BaseException) -> dict[str, Any] | None:
+    """Return the allocator's figures if ``exc`` ran out of memory, read now: the failed
+    step's tensors are still alive (the kernel sees the process gone, its memory with it)."""
+    try:
+        from kerasmagic.oom.detect import find_oom
+
+        oom = find_oom(exc)
+        if oom is None:
+            return None
+        from kerasmagic.oom.facts import figures_now
+
+        return figures_now(oom).to_dict()
+    except Exception:  # figures are a help: the error itself goes back whatever happens here
+        return None
+
+
 def call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Result:
-    """Run ``fn``; return ``("ok", value)`` or ``("error", info)`` (SystemExit included)."""
+    """Run ``fn``; return ``("ok", value)`` or ``("error", info)`` (SystemExit included).
+
+    After an out-of-memory error, ``info`` carries the allocator's figures as a fourth item.
+    """
     try:
         return "ok", fn(*args, **kwargs)
     except BaseException as exc:  # reported to the parent, never swallowed
-        return "error", error_info(exc)
+        return "error", (*error_info(exc), oom_figures(exc))
 
 
 def exec_cell(source: str, inputs: dict[str, Any], outputs: Sequence[str]) -> dict[str, Any]:

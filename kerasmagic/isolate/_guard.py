@@ -2,7 +2,8 @@
 
 Started as ``python -c BOOT ROOT WORKDIR`` (see :data:`BOOT`): the bootstrap drops the working
 folder from ``sys.path`` before any import, so a notebook folder holding ``queue.py`` or
-``typing.py`` cannot replace the runner's own modules. The guard
+``typing.py`` cannot replace the runner's own modules, and imports kerasmagic from ``ROOT``,
+where the kernel has it. The guard
 
 - becomes a child subreaper: every orphan of the run (double forks, ``setsid`` escapes) is
   re-parented to it instead of to init, so it stays findable and killable;
@@ -21,13 +22,21 @@ import sys
 import time
 from pathlib import Path
 
-BOOT = (
-    "import sys\n"
+# The package comes from ROOT, where the kernel imported it, even when another copy comes first
+# on this interpreter's path (an editable install beside a checkout): the child must run the
+# kernel's own kerasmagic, whose result it writes. ROOT goes last, after the standard library.
+PRELUDE = (
+    "import sys, importlib.util as u\n"
     "if sys.path[:1] == ['']: del sys.path[0]\n"
+    "p = sys.argv[1] + '/kerasmagic'\n"
+    "s = u.spec_from_file_location('kerasmagic', p + '/__init__.py', "
+    "submodule_search_locations=[p])\n"
+    "sys.modules['kerasmagic'] = m = u.module_from_spec(s)\n"
+    "s.loader.exec_module(m)\n"
     "sys.path.append(sys.argv[1])\n"
     "from kerasmagic.isolate._guard import main\n"
-    "main(sys.argv[2])\n"
 )
+BOOT = PRELUDE + "main(sys.argv[2])\n"
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 

@@ -42,6 +42,8 @@ class Outcome:
     elapsed_s: float = 0.0
     output: str = ""
     killed: list[str] = field(default_factory=list)  # "sleep (pid 12)": what had to be killed
+    error_message: str | None = None  # the child's ``str(exception)``
+    oom: dict[str, Any] | None = None  # the child's allocator figures at an out-of-memory error
 
     @property
     def ok(self) -> bool:

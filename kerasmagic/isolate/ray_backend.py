@@ -105,7 +105,9 @@ def _outcome(ray: Any, ref: Any) -> Outcome:
     status, payload = cloudpickle.loads(data)
     if status == "ok":
         return Outcome("ok", value=payload, pid=pid)
-    return Outcome("error", error=payload[2], error_type=payload[0], pid=pid)
+    said = payload[3] if len(payload) > 3 else None  # the figures after an out-of-memory error
+    kind, message, text = payload[:3]
+    return Outcome("error", error=text, error_type=kind, pid=pid, error_message=message, oom=said)
 
 
 def ray_sweep(

@@ -101,8 +101,11 @@ def _collect(work: Path, code: int, pid: int) -> Outcome:
         return Outcome("error", error=text, error_type=type(exc).__name__, pid=pid)
     if status == "ok":
         return Outcome("ok", value=payload, exitcode=code, pid=pid)
-    kind, _message, text = payload
-    return Outcome("error", error=text, error_type=kind, exitcode=code, pid=pid)
+    kind, message, text, *oom = payload
+    said = oom[0] if oom else None  # the allocator's figures after an out-of-memory error
+    outcome = Outcome("error", error=text, error_type=kind, exitcode=code, pid=pid, oom=said)
+    outcome.error_message = message
+    return outcome
 
 
 def run_local(

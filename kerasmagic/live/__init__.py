@@ -37,7 +37,9 @@ def history() -> list[CellRecord]:
 def load(state: ShellState) -> LiveMonitor:
     """Create the shell's monitor, register its hooks and start its sampler."""
     shell = state.shell
-    monitor = LiveMonitor(shell, parent=state.magics)
+    explainer = state.part("oom")  # loaded before: its facts go into each cell's record
+    oom = getattr(explainer, "facts", None)
+    monitor = LiveMonitor(shell, oom=oom, parent=state.magics)
     shell.events.register("pre_run_cell", monitor.pre_run_cell)
     shell.events.register("post_run_cell", monitor.post_run_cell)
     monitor.start()

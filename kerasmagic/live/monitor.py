@@ -31,6 +31,7 @@ from kerasmagic.live.advice import cell_mode
 from kerasmagic.live.leak import STABLE, LeakDetector, LeakVerdict
 from kerasmagic.live.record import CellRecord, rusage_peak, source_hash
 from kerasmagic.live.sampler import Sampler
+from kerasmagic.oom.facts import OomFacts
 from kerasmagic.probes import read_ram
 from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
 
@@ -72,9 +73,13 @@ class LiveMonitor(Configurable):
         config=True
     )
 
-    def __init__(self, shell: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, shell: Any, oom: Callable[[Any], OomFacts | None] | None = None, **kwargs: Any
+    ) -> None:
+        """``oom`` returns the out-of-memory facts of a cell's result (``Explainer.facts``)."""
         super().__init__(**kwargs)
         self._shell = shell
+        self._oom = oom
         self._history: deque[CellRecord] = deque(maxlen=max(1, self.history_size))
         self._subscribers: list[Subscriber] = []
         self._views: dict[str, Any] = {}  # the widget or line printer this monitor feeds
@@ -181,6 +186,7 @@ class LiveMonitor(Configurable):
             peak_gpu_bytes=peak_gpu,
             source_hash=key,
             mode=mode,
+            oom=None if self._oom is None else self._oom(result),
         )
         with self._lock:
             self._history.append(record)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerasmagic.snapshot import MemorySnapshot, SnapshotDelta
+
+if TYPE_CHECKING:
+    from kerasmagic.oom.facts import OomFacts
 
 
 @dataclass(frozen=True)
@@ -24,12 +27,14 @@ class CellRecord:
     peak_gpu_bytes: int | None
     source_hash: str = ""  # same cell source -> same hash; the leak detector groups by it
     mode: str = "plain"  # "fresh" under %%fresh_model, "isolate" with --isolate (advice.py)
+    oom: OomFacts | None = None  # the cell ended in an out-of-memory error (kerasmagic.oom)
 
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict that ``json.dumps`` accepts."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["start"], out["end"] = self.start.to_dict(), self.end.to_dict()
         out["delta"] = self.delta.to_dict()
+        out["oom"] = None if self.oom is None else self.oom.to_dict()
         return out
 
 

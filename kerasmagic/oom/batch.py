@@ -246,9 +246,10 @@ def _torch_meter(limit_bytes: int | None) -> Meter | str:
     torch = loaded_torch()
     if torch is None or not cuda_started(torch):
         return "PyTorch keeps no allocator figures on the CPU"
+    from kerasmagic.backends.torch import device_limit
+
     cuda = torch.cuda
-    limit = limit_bytes or int(cuda.get_device_properties(0).total_memory)
-    source = "given" if limit_bytes else "the GPU's total"
+    limit, source = (limit_bytes, "given") if limit_bytes else device_limit(torch, 0)
     peak = lambda: int(cuda.max_memory_allocated(0))  # noqa: E731
     return Meter("cuda:0", lambda: cuda.reset_peak_memory_stats(0), peak, limit, source)
 
@@ -257,14 +258,13 @@ def _limit(device: str, in_use: int, given: int | None) -> tuple[int, str]:
     """Return the device's limit and where it comes from."""
     if given:
         return given, "given"
-    from kerasmagic.oom.explain import device_limit_bytes
+    from kerasmagic.oom.limits import device_limit
     from kerasmagic.probes.nvml import read_gpus
 
     gpus = read_gpus().devices if device.startswith("GPU") else ()
-    known = device_limit_bytes(device, gpus)
+    known = device_limit("tensorflow", device, gpus)
     if known is not None:
-        cap = device.startswith("CPU")
-        return known, "TF_CPU_BFC_MEM_LIMIT_IN_MB" if cap else "the GPU's total"
+        return known.bytes, known.source
     import psutil
 
     return in_use + int(psutil.virtual_memory().available), "host RAM available, no cap set"

@@ -1,4 +1,8 @@
-"""Recognise an out-of-memory error of any Keras backend, by type and message (no imports)."""
+"""Recognise an out-of-memory error of any Keras backend, by type and message (no imports).
+
+The same parser reads a raised exception in the kernel and an isolated child's error, which
+comes back as its type's name and its message only.
+"""
 
 from __future__ import annotations
 
@@ -15,50 +19,101 @@ TF_OOM = re.compile(
     r"OOM when allocating tensor with shape\s*\[(?P<shape>[\d,\s]*)\]\s*and type (?P<dtype>\w+)"
     r"\s*on (?P<device>\S+)"
 )
-TORCH_OOM = re.compile(r"Tried to allocate (?P<amount>[\d.]+) (?P<unit>[KMGT]i?B)")
-JAX_OOM = re.compile(r"trying to allocate (?P<bytes>\d+) bytes")
-UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 2**10, "MB": 2**20,
-         "GB": 2**30, "TB": 2**40}  # fmt: skip
+SIZE = r"(?P<{}>[\d.]+ ?(?:bytes|B|[KMGT]i?B))"
+TORCH_WANTED = re.compile(r"Tried to allocate " + SIZE.format("size"))
+TORCH_TOTAL = re.compile(  # 2.1+: "has a total capacity of 79.15 GiB"; older: "79.15 GiB total"
+    r"total capacity of " + SIZE.format("a") + "|" + SIZE.format("b") + " total capacity"
+)
+TORCH_ALLOWED = re.compile(SIZE.format("size") + " allowed")  # set_per_process_memory_fraction
+TORCH_IN_USE = re.compile(  # 2.1+: "76.1 GiB is allocated by PyTorch"; older: "already allocated"
+    SIZE.format("a") + " is allocated by PyTorch|" + SIZE.format("b") + " already allocated"
+)
+TORCH_CPU = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+)")
+JAX_WANTED = re.compile(  # CPU: "Out of memory allocating N bytes"; GPU: "... trying to allocate"
+    r"allocat\w* (?P<bytes>\d+) bytes|allocate request for [\d.]+ ?\w+ \((?P<b>\d+)B\)"
+)
+JAX_DEVICE = re.compile(r"device ordinal (\d+)")
+UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+         "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class OomError:
-    """What an out-of-memory error says: backend, device, and what the failed allocation wanted."""
+    """What an out-of-memory error says: backend, device, and what the failed allocation wanted.
+
+    ``in_use_bytes`` and ``limit_bytes`` are what the message itself says of the allocator at
+    the failure (PyTorch's CUDA message does), else None.
+    """
 
     backend: str  # "tensorflow", "torch", "jax"
     device: str | None  # "CPU:0", "GPU:0"
     wanted_bytes: int | None
     shape: tuple[int, ...] | None
     dtype: str | None
+    in_use_bytes: int | None = None
+    limit_bytes: int | None = None
 
 
 def find_oom(error: BaseException | None) -> OomError | None:
-    """Return the OOM in ``error`` or what it was raised from, else None."""
+    """Return the OOM in ``error`` or what it was raised from, else None.
+
+    An isolated cell's error (``IsolatedError``) is read from the child's error type and
+    message, which it carries as ``outcome``.
+    """
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        found = _parse(error)
+        outcome = getattr(error, "outcome", None)
+        kind = getattr(outcome, "error_type", None)
+        if isinstance(kind, str):
+            text = getattr(outcome, "error_message", None) or getattr(outcome, "error", "")
+            found = parse_oom(kind, "", str(text or ""))
+        else:
+            found = parse_oom(type(error).__name__, type(error).__module__ or "", str(error))
         if found is not None:
             return found
         error = error.__cause__ or error.__context__
     return None
 
 
-def _parse(error: BaseException) -> OomError | None:
-    kind, module = type(error).__name__, type(error).__module__ or ""
-    text = str(error)
+def parse_oom(kind: str, module: str, text: str) -> OomError | None:
+    """Return the OOM an error of type ``kind`` (from ``module``, if known) says, else None."""
+    kind = kind.rsplit(".", 1)[-1]
     if kind == "ResourceExhaustedError" or "OOM when allocating" in text:
         return _tensorflow(text)
-    torch_oom = module.startswith("torch") and kind == "OutOfMemoryError"
-    if torch_oom or "CUDA out of memory" in text:
-        match = TORCH_OOM.search(text)
-        wanted = int(float(match["amount"]) * UNITS[match["unit"]]) if match else None
-        gpu = re.search(r"GPU (\d+)", text)
-        return OomError("torch", f"GPU:{gpu[1]}" if gpu else None, wanted, None, None)
-    if text.lstrip().startswith("RESOURCE_EXHAUSTED"):
-        match = JAX_OOM.search(text)
-        return OomError("jax", None, int(match["bytes"]) if match else None, None, None)
+    torch_type = kind == "OutOfMemoryError" and (not module or module.startswith("torch"))
+    if torch_type or "CUDA out of memory" in text:
+        return _torch_cuda(text)
+    cpu = TORCH_CPU.search(text)
+    if cpu is not None:
+        return OomError("torch", "cpu", int(cpu[1]), None, None)
+    if "RESOURCE_EXHAUSTED" in text and (kind in JAX_ERRORS or text.lstrip().startswith("RES")):
+        match = JAX_WANTED.search(text)
+        wanted = match["bytes"] or match["b"] if match else None
+        ordinal = JAX_DEVICE.search(text)
+        device = f"gpu:{ordinal[1]}" if ordinal else None
+        return OomError("jax", device, int(wanted) if wanted else None, None, None)
     return None
+
+
+JAX_ERRORS = ("JaxRuntimeError", "XlaRuntimeError")  # jax.errors; jaxlib's older name
+
+
+def _size(match: re.Match[str] | None) -> int | None:
+    """Return the bytes of a matched ``SIZE`` group (whichever alternative matched)."""
+    if match is None:
+        return None
+    said = next(g for g in match.groups() if g)
+    number, unit = re.fullmatch(r"([\d.]+) ?(\w+)", said).groups()  # type: ignore[union-attr]
+    return int(float(number) * UNITS[unit])
+
+
+def _torch_cuda(text: str) -> OomError:
+    gpu = re.search(r"GPU (\d+)", text)
+    limit = _size(TORCH_ALLOWED.search(text)) or _size(TORCH_TOTAL.search(text))
+    wanted, in_use = _size(TORCH_WANTED.search(text)), _size(TORCH_IN_USE.search(text))
+    device = f"cuda:{gpu[1]}" if gpu else None
+    return OomError("torch", device, wanted, None, None, in_use, limit)
 
 
 def _tensorflow(text: str) -> OomError:

@@ -2,51 +2,40 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kerasmagic.oom.detect import OomError
+from kerasmagic.oom.facts import Figures, OomFacts
+from kerasmagic.oom.limits import is_cpu
 from kerasmagic.units import fmt_bytes
 
 if TYPE_CHECKING:
     from kerasmagic.cleanup.holders import LiveModel
-    from kerasmagic.probes.nvml_types import GpuDevice
-    from kerasmagic.snapshot import MemorySnapshot
 
 LABELS = {"tensorflow": "TensorFlow", "torch": "PyTorch", "jax": "JAX"}
+FIND_BATCH = "kerasmagic.find_batch_size(model, x, y) finds the largest batch that fits"
 
 
-def limit_bytes(oom: OomError, snap: MemorySnapshot) -> int | None:
-    """Return the failed device's memory limit where it is known."""
-    return device_limit_bytes(oom.device, snap.gpu.devices)
+def explain(
+    oom: OomError, figures: Figures, models: Sequence[LiveModel], isolated_pid: int | None = None
+) -> tuple[str, OomFacts]:
+    """Return the lines printed after an out-of-memory traceback, and the record's facts.
 
-
-def device_limit_bytes(device: str | None, gpus: Sequence[GpuDevice]) -> int | None:
-    """Return a device's memory limit where it is known (BFC's CPU cap, a GPU's total)."""
-    if device is not None and device.upper().startswith("CPU"):
-        cap = os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB", "")
-        return int(cap) * 2**20 if cap.isdigit() else None
-    if device is not None and device.upper().startswith(("GPU", "CUDA")) and gpus:
-        index = int(device.split(":")[-1] or 0)
-        return gpus[index].total_bytes if index < len(gpus) else None
-    return None
-
-
-def explain(oom: OomError, snap: MemorySnapshot, models: Sequence[LiveModel]) -> str:
-    """Return the lines printed after an out-of-memory traceback."""
-    where = oom.device or "the device"
-    lines = [f"kerasmagic: out of memory on {where} ({LABELS.get(oom.backend, oom.backend)})"]
+    With ``isolated_pid`` the error came from that ``%%fresh_model --isolate`` child: its
+    figures are the child's at the failure, and its memory went with it.
+    """
+    where = figures.device or oom.device or "the device"
+    label = LABELS.get(oom.backend, oom.backend)
+    child = f", in isolated process {isolated_pid}" if isolated_pid is not None else ""
+    lines = [f"kerasmagic: out of memory on {where} ({label}){child}"]
     if oom.wanted_bytes is not None:
         what = f"a {oom.dtype} tensor of shape {list(oom.shape)}" if oom.shape else "one block"
         lines.append(f"  wanted     {fmt_bytes(oom.wanted_bytes)} for {what}")
-    in_use, peak = _allocator(oom, snap)
-    limit = limit_bytes(oom, snap)
-    figures = [f"in use {fmt_bytes(in_use)}" if in_use is not None else None,
-               f"peak {fmt_bytes(peak)}" if peak is not None else None,
-               f"limit {fmt_bytes(limit)}" if limit is not None else None]  # fmt: skip
-    shown = ", ".join(f for f in figures if f) or "no allocator figures on this device"
-    lines.append(f"  allocator  {shown}")
+    lines.append(f"  allocator  {_allocator_line(figures, label)}")
+    if isolated_pid is not None:
+        lines.append("  after      that process has ended, and its memory with it: this kernel "
+                     "holds none of it")  # fmt: skip
     ranked = sorted(models, key=lambda m: (not m.freeable, -m.size_bytes))
     for m in ranked[:5]:
         state = "freeable" if m.freeable else "kept"
@@ -54,37 +43,47 @@ def explain(oom: OomError, snap: MemorySnapshot, models: Sequence[LiveModel]) ->
         lines.append(
             f"  held by    {m.type} {m.name!r} {fmt_bytes(m.size_bytes)} ({state}): {held}"
         )
-    lines.append(f"  remedy     {remedy(oom, in_use, limit, ranked)}")
-    return "\n".join(lines)
+    said = remedy(oom, figures, ranked, isolated_pid is not None)
+    lines.append(f"  remedy     {said}")
+    return "\n".join(lines), OomFacts.of(oom, figures, said, isolated_pid is not None)
 
 
-def _allocator(oom: OomError, snap: MemorySnapshot) -> tuple[int | None, int | None]:
-    """Return in use and peak bytes of the failed device, from the backend's reading."""
-    for backend in snap.backends:
-        if backend.name != oom.backend:
-            continue
-        for d in backend.devices:
-            if oom.device is None or d.name.upper() == oom.device.upper():
-                return d.in_use_bytes, d.peak_bytes
-    return None, None
+def _allocator_line(f: Figures, label: str) -> str:
+    """Return the allocator's figures in words, or why there are none."""
+    limit = f"limit {fmt_bytes(f.limit_bytes)}" if f.limit_bytes is not None else None
+    if limit and f.limit_source:
+        limit += f" ({f.limit_source})"
+    figures = [f"in use {fmt_bytes(f.in_use_bytes)}" if f.in_use_bytes is not None else None,
+               f"peak {fmt_bytes(f.peak_bytes)}" if f.peak_bytes is not None else None,
+               limit]  # fmt: skip
+    if f.in_use_bytes is None and f.peak_bytes is None:
+        none = f"no allocator figures ({label} keeps none on {f.device or 'this device'})"
+        rss = f"process RSS {fmt_bytes(f.rss_bytes)}" if f.rss_bytes is not None else None
+        return "; ".join(x for x in (none, rss, limit) if x)
+    return ", ".join(x for x in figures if x)
 
 
-def remedy(
-    oom: OomError, in_use: int | None, limit: int | None, models: Sequence[LiveModel]
-) -> str:
+def remedy(oom: OomError, f: Figures, models: Sequence[LiveModel], isolated: bool = False) -> str:
     """Return the one remedy that the figures point to."""
     stale = [m for m in models if m.freeable]
-    if stale:
+    wanted, limit, in_use = oom.wanted_bytes, f.limit_bytes, f.in_use_bytes
+    if stale and not isolated:
         freed = sum(m.size_bytes for m in stale)
         return (
             f"%%fresh_model on this cell (or kerasmagic.reset()) frees {fmt_bytes(freed)} held "
             f"by {len(stale)} earlier model{'s' if len(stale) > 1 else ''}, then re-run it"
         )
-    wanted = oom.wanted_bytes
     if wanted is not None and limit is not None and wanted > limit:
+        whole = "the host's RAM" if is_cpu(f.device) and f.limit_source == "host RAM" else (
+            "the whole device")  # fmt: skip
         return (
-            f"this one tensor needs more than the whole device ({fmt_bytes(limit)}): make it "
+            f"this one allocation needs more than {whole} ({fmt_bytes(limit)}): make it "
             "smaller (a smaller batch, layer or input)"
+        )
+    if isolated:
+        return (
+            "the isolated process started with nothing else on the device and still ran out: "
+            f"use a smaller batch or model ({FIND_BATCH}, in the isolated cell)"
         )
     if wanted is not None and limit is not None and in_use is not None and in_use + wanted < limit:
         return (
@@ -102,5 +101,5 @@ def remedy(
             )
     return (
         "the memory is held by what you keep: del what you no longer need, then "
-        "kerasmagic.reset(), or use a smaller batch"
+        f"kerasmagic.reset(), or use a smaller batch ({FIND_BATCH})"
     )

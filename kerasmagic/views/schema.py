@@ -20,6 +20,7 @@ from kerasmagic.cleanup.holders import LiveModel
 from kerasmagic.cleanup.report import CleanupReport
 from kerasmagic.live.leak import LeakVerdict
 from kerasmagic.live.record import CellRecord
+from kerasmagic.oom.facts import OomFacts
 from kerasmagic.probes import GpuDevice, GpuInfo, KerasInfo, RamInfo
 from kerasmagic.probes.variables import Variable
 from kerasmagic.snapshot import GRAPH_FIGURES, MemorySnapshot, SnapshotDelta
@@ -37,6 +38,7 @@ WIRE: tuple[tuple[type, str], ...] = (
     (KerasInfo, "IKerasInfo"),
     (MemorySnapshot, "ISnapshot"),
     (SnapshotDelta, "ISnapshotDelta"),
+    (OomFacts, "IOomFacts"),
     (CellRecord, "ICellRecord"),
     (LeakVerdict, "ILeakVerdict"),
     (CleanupReport, "ICleanupReport"),
@@ -93,7 +95,8 @@ def ts_type(hint: Any) -> str:
 
 def fields(cls: type) -> dict[str, str]:
     """Return ``{field: TypeScript type}`` of what ``cls`` puts on the wire."""
-    hints = typing.get_type_hints(cls)
+    known = {c.__name__: c for c, _ in WIRE}  # names a module imports for type checking only
+    hints = typing.get_type_hints(cls, localns=known)
     own = {f.name: ts_type(hints[f.name]) for f in dataclasses.fields(cls)}
     return {**own, **EXTRA.get(cls, {})}
 

@@ -12,6 +12,8 @@ import { PanelLayout, Widget } from '@lumino/widgets';
 import { METADATA_KEY, ICellMemory, readCellMemory } from './cellrecord';
 import { CodeCellWatcher } from './cellwatch';
 import { formatBytes, formatDelta } from './format';
+import { backendLabel, oomFigures, oomSummary } from './oom';
+import { readOom } from './protocol';
 
 /** The `showCellBadges` setting, shared by every notebook's badges. */
 export class BadgeSettings {
@@ -76,8 +78,18 @@ class Badge extends Widget {
     d.tfDelta = String(memory.tf_delta_bytes ?? '');
     d.modelsDelta = String(memory.models_delta ?? '');
     d.warning = memory.warning ? 'true' : 'false';
+    const oom = readOom(memory.oom);
+    d.oom = oom ? 'true' : 'false';
+    d.oomWanted = String(oom?.wanted_bytes ?? '');
+    d.oomDevice = oom?.device ?? '';
     const text = (previous ? `previous run [${memory.execution_count}]: ` : '') + badgeText(memory);
     const children: (Node | string)[] = [text];
+    if (oom) {
+      const mark = document.createElement('span');
+      mark.className = 'jp-kerasmagic-cellBadge-oom';
+      mark.textContent = `✖ ${oomSummary(oom)} — remedy: ${oom.remedy}`;
+      children.push(' · ', mark);
+    }
     if (memory.warning) {
       const mark = document.createElement('span');
       mark.className = 'jp-kerasmagic-cellBadge-warn';
@@ -94,6 +106,8 @@ class Badge extends Widget {
         ? `; TensorFlow tensors ${formatDelta(memory.tf_delta_bytes)} to ${formatBytes(memory.tf_bytes)}`
         : '') +
       (memory.models_delta !== null ? `; live Keras models ${memory.models_delta >= 0 ? '+' : ''}${memory.models_delta}` : '') +
+      (oom ? `\n✖ ${oomSummary(oom)} (${backendLabel(oom.backend)})` +
+        (oomFigures(oom) ? `; allocator ${oomFigures(oom)}` : '') + `. Remedy: ${oom.remedy}` : '') +
       (memory.warning ? `\n⚠ ${memory.warning}` : '');
     this.node.setAttribute('aria-label', this.node.title);
   }

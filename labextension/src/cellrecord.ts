@@ -8,7 +8,7 @@ import { NotebookPanel } from '@jupyterlab/notebook';
 import { IDisposable } from '@lumino/disposable';
 
 import { MemoryModel, gpuUsedBytes, tfBytes } from './model';
-import { ICellRecord } from './protocol';
+import { ICellRecord, IOomFacts, readOom } from './protocol';
 
 /** The cell-metadata key of the record. */
 export const METADATA_KEY = 'kerasmagic';
@@ -28,6 +28,8 @@ export interface ICellMemory {
   tf_bytes?: number | null;
   tf_delta_bytes?: number | null;
   warning: string | null;
+  /** How the cell ran out of memory, else null; absent from records saved before 0.1.0's OOM. */
+  oom?: IOomFacts | null;
 }
 
 /** Return the metadata record of one cell record, with the leak detector's mark for it. */
@@ -45,7 +47,8 @@ export function cellMemory(c: ICellRecord, warning: string | null): ICellMemory 
     models_delta: c.delta.live_models ?? null,
     tf_bytes: tfBytes(c.end),
     tf_delta_bytes: c.delta.tf_current_bytes ?? null,
-    warning
+    warning,
+    oom: readOom(c.oom)
   };
 }
 

@@ -17,8 +17,10 @@ import {
   ICellRecord,
   ICleanupReport,
   ILeakVerdict,
+  IOomFacts,
   ISnapshot,
-  Push
+  Push,
+  readOom
 } from './protocol';
 import { ChannelEnd, KernelChannel } from './request';
 import { IScanState, Scanner } from './scan';
@@ -38,6 +40,13 @@ export interface IFreeState {
   /** RSS just before and just after the cleanup itself (from its reply). */
   rssBeforeBytes: number | null;
   rssAfterBytes: number | null;
+}
+
+/** The kernel's latest out-of-memory error: its cell, the facts, whether memory was freed since. */
+export interface ILastOom {
+  execution_count: number;
+  oom: IOomFacts;
+  freedSince: boolean;
 }
 
 const NO_FREE: IFreeState = {
@@ -144,6 +153,16 @@ export class MemoryModel implements IDisposable {
   get free(): IFreeState {
     return this._free;
   }
+  /** The latest cell of this kernel that ran out of memory, until dismissed or a restart. */
+  get lastOom(): ILastOom | null {
+    return this._lastOom;
+  }
+
+  /** Stop showing the latest out-of-memory error (the next one shows again). */
+  dismissOom(): void {
+    this._lastOom = null;
+    this._changed.emit();
+  }
   /** The last "What holds memory" scan and its phase. */
   get scan(): IScanState {
     return this._scanner.state;
@@ -233,6 +252,9 @@ export class MemoryModel implements IDisposable {
       if (reply.verdict !== undefined) {
         this._verdict = reply.verdict;
       }
+      if (this._lastOom !== null) {
+        this._lastOom = { ...this._lastOom, freedSince: true };
+      }
       this._setSnapshot(reply.snapshot);
       this._scanner.markStale();
     } catch (error) {
@@ -293,6 +315,7 @@ export class MemoryModel implements IDisposable {
     this._history = [];
     this._running = [];
     this._verdict = null;
+    this._lastOom = null;
     this._version = '';
     this._error = '';
     this._kernelRestarted.emit();
@@ -352,6 +375,9 @@ export class MemoryModel implements IDisposable {
         this._history = message.history.slice(-HISTORY_CELLS);
         this._verdict = message.verdict;
         this._setSnapshot(message.snapshot);
+        for (const record of message.history) {
+          this._noteOom(record);
+        }
         this._historyReceived.emit(message.history);
         break;
       case 'sample':
@@ -368,11 +394,20 @@ export class MemoryModel implements IDisposable {
         this._running = [];
         this._verdict = message.verdict;
         this._setSnapshot(message.cell.end);
+        this._noteOom(message.cell);
         this._scanner.markStale();
         this._cellRecorded.emit(message);
         break;
     }
     this._changed.emit();
+  }
+
+  /** Keep a record's out-of-memory error as the latest (records come oldest first). */
+  private _noteOom(record: ICellRecord): void {
+    const oom = readOom(record.oom);
+    if (oom !== null && record.execution_count !== this._lastOom?.execution_count) {
+      this._lastOom = { execution_count: record.execution_count, oom, freedSince: false };
+    }
   }
 
   private _addLivePoint(s: ISnapshot): void {
@@ -514,6 +549,7 @@ export class MemoryModel implements IDisposable {
   private _snapshot: ISnapshot | null = null;
   private _history: ICellRecord[] = [];
   private _verdict: ILeakVerdict | null = null;
+  private _lastOom: ILastOom | null = null;
   private _free: IFreeState = NO_FREE;
   private _cellRunning = false;
   private _scanner = new Scanner(() => this._changed.emit());

@@ -20,6 +20,7 @@ export type {
   IGpuInfo,
   IGraphInfo,
   IKerasInfo,
+  IOomFacts,
   ILeakVerdict,
   ILiveModel,
   IRamInfo,
@@ -29,7 +30,22 @@ export type {
   ITfInfo,
   IVariable
 } from './wire';
-import type { ICellRecord, ICleanupReport, ILeakVerdict, ILiveModel, ISnapshot, IVariable } from './wire';
+import type {
+  ICellRecord,
+  ICleanupReport,
+  ILeakVerdict,
+  ILiveModel,
+  IOomFacts,
+  ISnapshot,
+  IVariable
+} from './wire';
+
+/** Return `value` if it has the shape of out-of-memory facts this frontend shows, else null. */
+export function readOom(value: unknown): IOomFacts | null {
+  return isObject(value) && typeof value.backend === 'string' && typeof value.remedy === 'string'
+    ? (value as unknown as IOomFacts)
+    : null;
+}
 
 export interface IStateMessage {
   protocol: number;

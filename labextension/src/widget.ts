@@ -8,6 +8,7 @@ import { Widget } from '@lumino/widgets';
 import { h } from './dom';
 import { formatBytes, formatDelta, percent } from './format';
 import { historyChart } from './chart';
+import { backendLabel, oomFigures, oomSummary } from './oom';
 import { droppedText } from './holders';
 import { IFreeState, MemoryModel, gpuUsedBytes, tfBytes } from './model';
 import { NotebookModels } from './notebooks';
@@ -191,6 +192,41 @@ function leakBanner(m: MemoryModel): HTMLElement {
     h('b', {}, '⚠ Memory keeps growing. '), verdict.message);
 }
 
+/** The kernel's latest out-of-memory error, its figures and its remedy; dismissable. */
+function oomBanner(m: MemoryModel): HTMLElement | null {
+  const last = m.lastOom;
+  if (last === null) {
+    return null;
+  }
+  const o = last.oom;
+  const figures = oomFigures(o);
+  const dismiss = h('button', {
+    class: 'jp-mod-styled jp-kerasmagic-oom-dismiss',
+    'data-km': 'oom-dismiss',
+    'aria-label': `Dismiss the out-of-memory note of cell [${last.execution_count}]`
+  }, 'Dismiss') as HTMLButtonElement;
+  dismiss.addEventListener('click', () => m.dismissOom());
+  const summary = oomSummary(o);
+  return h(
+    'div',
+    {
+      class: 'jp-kerasmagic-oom' + (last.freedSince ? ' jp-mod-freed' : ''),
+      'data-km': 'oom',
+      'data-execution-count': String(last.execution_count),
+      'data-wanted': String(o.wanted_bytes ?? ''),
+      'data-device': o.device ?? '',
+      'data-freed': String(last.freedSince),
+      role: 'status'
+    },
+    h('b', {}, `✖ Cell [${last.execution_count}] ran ${summary} `),
+    `(${backendLabel(o.backend)})` + (o.isolated ? '; that process has ended, and its memory with it.' : '.'),
+    figures ? h('div', { class: 'jp-kerasmagic-note', 'data-km': 'oom-figures' }, `Allocator: ${figures}`) : null,
+    h('div', { class: 'jp-kerasmagic-oom-remedy', 'data-km': 'oom-remedy' }, h('b', {}, 'Remedy: '), o.remedy),
+    last.freedSince ? h('div', { class: 'jp-kerasmagic-note' }, 'Memory was freed since.') : null,
+    dismiss
+  );
+}
+
 /** The one figure a user wants first: this kernel's VRAM on a GPU, else its RAM, in large type. */
 function headline(m: MemoryModel, s: ISnapshot): HTMLElement {
   const vram = gpuUsedBytes(s);
@@ -276,8 +312,10 @@ export class MemoryPanel extends Widget {
       return;
     }
     const gpus = s.gpu.devices;
+    const oom = oomBanner(m);
     this._body.replaceChildren(
       headline(m, s),
+      ...(oom ? [oom] : []),
       ramGauge(s),
       ...(gpus.length ? gpus.map(gpuGauge)
         : [h('div', { class: 'jp-kerasmagic-line', 'data-km': 'gpu' }, h('b', {}, 'GPU '), s.gpu.message ?? s.gpu.status)]),

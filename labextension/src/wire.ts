@@ -110,6 +110,21 @@ export interface ISnapshotDelta {
   functions: number | null;
 }
 
+/** `kerasmagic.oom.facts.OomFacts` on the wire. */
+export interface IOomFacts {
+  backend: string;
+  device: string | null;
+  wanted_bytes: number | null;
+  shape: number[] | null;
+  dtype: string | null;
+  in_use_bytes: number | null;
+  peak_bytes: number | null;
+  limit_bytes: number | null;
+  limit_source: string | null;
+  remedy: string;
+  isolated: boolean;
+}
+
 /** `kerasmagic.live.record.CellRecord` on the wire. */
 export interface ICellRecord {
   execution_count: number;
@@ -122,6 +137,7 @@ export interface ICellRecord {
   peak_gpu_bytes: number | null;
   source_hash: string;
   mode: string;
+  oom: IOomFacts | null;
   warning?: string | null;
 }
 
