@@ -1,0 +1,67 @@
+"""Review findings: each test fails on the code as reviewed and shows how a user hits the bug."""
+
+from __future__ import annotations
+
+import gc
+
+from conftest import run
+from IPython.core.interactiveshell import InteractiveShell
+
+from kerasmagic.cleanup.loops import Freezer
+
+TWO_MODELS = """
+for fold in range(2):
+    model = build()
+    history = model.fit(x, y, epochs=1, batch_size=128, verbose=0)
+"""
+
+
+def test_a_users_own_gc_freeze_survives_a_loop_cell(kip: InteractiveShell) -> None:
+    """Users call ``gc.freeze()`` after loading big data so collections skip it. The loop
+    guard's thaw at the cell's end calls ``gc.unfreeze()``, which unfreezes everything,
+    the user's frozen objects too."""
+    run(kip, "import gc\ngc.freeze()\nfrozen = gc.get_freeze_count()")
+    frozen = kip.user_ns["frozen"]
+    try:
+        run(kip, TWO_MODELS)
+        assert not Freezer.frozen
+        assert gc.get_freeze_count() >= frozen, (gc.get_freeze_count(), frozen)
+    finally:
+        gc.unfreeze()
+
+
+STEP = """
+@tf.function
+def train_step(model, opt, x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, model(x), True))
+    grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+def fresh_pair(units=8):
+    m = keras.Sequential([keras.Input((20,)), keras.layers.Dense(units, activation="relu"),
+                          keras.layers.Dense(2)])
+    o = keras.optimizers.Adam()
+    o.build(m.trainable_variables)
+    return m, o
+
+class Trainer:
+    def __init__(self, step):
+        self.step = step
+"""
+
+
+def test_a_tf_function_in_an_attribute_of_a_kept_object_forgets_dropped_models(
+    kip: InteractiveShell,
+) -> None:
+    """README: tf.functions are found "under your names, one level into containers and
+    objects". On Python 3.11+ an object's attributes live inline until its ``__dict__`` is
+    asked for, and ``gc.get_referents`` then shows the values, not a dict: the walk
+    (``children.attributes``) finds no attribute, and ``trainer.step`` keeps a trace (a graph
+    and the variables) of every dropped model."""
+    run(kip, STEP + "trainer = Trainer(train_step)\ndel train_step")
+    for _ in range(3):
+        run(kip, "%%fresh_model -q\nmodel, opt = fresh_pair()\n"
+            "loss = float(trainer.step(model, opt, x, y))")  # fmt: skip
+    assert kip.user_ns["trainer"].step.experimental_get_tracing_count() == 1
