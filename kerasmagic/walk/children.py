@@ -46,6 +46,8 @@ OPAQUE: tuple[type, ...] = (
 CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
 _PLAIN_KEYS = frozenset({str, int, float, bool, bytes, type(None)})
 _MODULE_DICT: Any = vars(pytypes.ModuleType)["__dict__"]  # past a subclass's own __dict__
+_CLASS_DICT: Any = vars(type)["__dict__"]  # a class's own dict, past a metaclass's
+_MRO: Any = vars(type)["__mro__"]
 
 
 def safe_key(key: Any) -> str:
@@ -125,14 +127,33 @@ def attributes(obj: Any, limit: int = NEAR_ITEMS) -> list[tuple[str, Any]]:
     classes, modules and functions."""
     if issubclass(type(obj), OPAQUE):
         return []
+    dicts = [ref for ref in gc.get_referents(obj) if type(ref) is dict]
+    if not dicts:  # Python 3.11+ keeps attributes inline until __dict__ is asked for
+        attrs = _managed_dict(obj)
+        dicts = [] if attrs is None else [attrs]
     out: list[tuple[str, Any]] = []
-    for ref in gc.get_referents(obj):
-        if type(ref) is dict:
-            out.extend(
-                (f".{key}" if type(key) is str else f"[{safe_key(key)}]", value)
-                for key, value in islice(dict.items(ref), limit)
-            )
+    for ref in dicts:
+        out.extend(
+            (f".{key}" if type(key) is str else f"[{safe_key(key)}]", value)
+            for key, value in islice(dict.items(ref), limit)
+        )
     return out
+
+
+def _managed_dict(obj: Any) -> dict[str, Any] | None:
+    """Return an instance's ``__dict__`` through the C slot of its classes (no property or
+    ``__getattr__`` of the user's runs), else None."""
+    for klass in _MRO.__get__(type(obj)):
+        slot = _CLASS_DICT.__get__(klass).get("__dict__")
+        if type(slot) is pytypes.GetSetDescriptorType:
+            try:
+                attrs = slot.__get__(obj)
+            except Exception:
+                return None
+            return attrs if type(attrs) is dict else None
+        if slot is not None:  # a class of the user's own making defines __dict__: leave it
+            return None
+    return None
 
 
 def function_refs(fn: pytypes.FunctionType, limit: int = NEAR_ITEMS) -> list[tuple[str, Any]]:
