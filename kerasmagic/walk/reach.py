@@ -6,7 +6,8 @@ arrays of objects (a pandas column of models), which the collector does not see.
 calls a user object's methods, so odd objects (dead ``weakref.proxy``, lazy proxies,
 ``__getattr__`` that returns anything) cannot break or slow it. It does not go into
 functions, classes, modules or frames (a function's globals are the namespace itself), into
-models (their insides are theirs) or through a callback's ``.model`` (a link that cleanup may cut).
+models (their insides are theirs) or through a callback's ``.model`` (a link that cleanup may cut);
+a bound method leads to its object (``predict = trainer.predict`` keeps the trainer).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import gc
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import MethodType
 from typing import Any
 
 from kerasmagic.walk.children import OPAQUE, REACH_VISITS, SMALL_ARRAY, object_array_items
@@ -73,6 +75,8 @@ def reachable(
                     met.append((label, obj))
                 elif models and issubclass(kind, models):
                     found[key] = obj
+                elif kind is MethodType:  # predict = trainer.predict keeps the trainer
+                    deeper.append(obj.__self__)
                 elif tracked(obj) and not issubclass(kind, OPAQUE):
                     expand.append(obj)
                 elif arrays and kind in arrays:
