@@ -65,3 +65,22 @@ def test_a_tf_function_in_an_attribute_of_a_kept_object_forgets_dropped_models(
         run(kip, "%%fresh_model -q\nmodel, opt = fresh_pair()\n"
             "loss = float(trainer.step(model, opt, x, y))")  # fmt: skip
     assert kip.user_ns["trainer"].step.experimental_get_tracing_count() == 1
+
+
+TRAINER = """
+class Trainer:
+    def __init__(self):
+        self.model = build()
+    def predict(self, data):
+        return self.model.predict(data, verbose=0)
+"""
+
+
+def test_a_kept_bound_method_keeps_its_object_whole(kip: InteractiveShell) -> None:
+    """``predict = trainer.predict`` keeps the old trainer (``paths.py`` even names that path),
+    but the kept-names walk treats bound methods as opaque: re-running ``trainer = Trainer()``
+    with ``%%fresh_model`` sets the old trainer's ``.model`` to None and the kept ``predict``
+    breaks with ``'NoneType' object has no attribute 'predict'``."""
+    run(kip, TRAINER + "trainer = Trainer()\npredict = trainer.predict")
+    run(kip, "%%fresh_model -q\ntrainer = Trainer()")
+    assert run(kip, "predict(x).shape") == (256, 2)
