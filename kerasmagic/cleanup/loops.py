@@ -44,11 +44,14 @@ class Freezer:
     """Whether kerasmagic froze the collector's old objects (``gc.freeze``) in this cell."""
 
     frozen = False
+    ours = False  # gc.unfreeze() thaws every frozen object: only when none was the user's
 
     @classmethod
     def freeze(cls) -> None:
         if not cls.frozen:
-            gc.freeze()
+            if gc.get_freeze_count() == 0:  # else the user froze: theirs serves, and stays
+                gc.freeze()
+                cls.ours = True
             cls.frozen = True
 
     @classmethod
@@ -56,7 +59,9 @@ class Freezer:
         """Give the frozen objects back to the collector (cell end, cleanup, unload)."""
         if cls.frozen:
             cls.frozen = False
-            gc.unfreeze()
+            if cls.ours:
+                cls.ours = False
+                gc.unfreeze()
 
 
 class LoopGuard:
