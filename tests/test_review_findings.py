@@ -85,3 +85,19 @@ def test_a_kept_bound_method_keeps_its_object_whole(kip: InteractiveShell) -> No
     run(kip, TRAINER + "trainer = Trainer()\npredict = trainer.predict")
     run(kip, "%%fresh_model -q\ntrainer = Trainer()")
     assert run(kip, "predict(x).shape") == (256, 2)
+
+
+def test_a_model_trained_outside_a_cell_leaves_nothing_frozen(kip: InteractiveShell) -> None:
+    """An ``ipywidgets`` callback (``interact_manual``, a button's ``on_click``), a silent
+    execute request or a thread trains outside any cell: no ``post_run_cell`` follows, so
+    the loop guard's ``gc.freeze()`` at the first optimizer build stays until some later cell
+    ends (in a Voila dashboard, never), and every object alive then that dies later (the
+    previous click's model) is never collected."""
+    run(kip, "def train():\n    m = build()\n    m.fit(x, y, epochs=1, verbose=0)\n    return m")
+    try:
+        kip.user_ns["train"]()  # what a button's on_click runs: no cell around it
+        assert not Freezer.frozen and gc.get_freeze_count() == 0
+        kip.run_cell(TWO_MODELS, silent=True)  # a frontend's silent execute request
+        assert not Freezer.frozen and gc.get_freeze_count() == 0
+    finally:
+        Freezer.thaw()
