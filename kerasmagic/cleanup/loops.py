@@ -11,7 +11,9 @@ the graphs nothing else keeps and the traces of variables that died are dropped.
 Finding what died takes a garbage collection. A full one costs 0.1-0.4 s in a TF kernel, so
 the first time in a cell the objects alive then are frozen (``gc.freeze``, O(1)) and later
 collections look only at what the cell made since: each model after the first costs a few ms.
-The freeze ends when the cell does (or before any kerasmagic cleanup). The price: what existed
+The freeze ends when the cell does (or before any kerasmagic cleanup); outside a cell (a
+widget's callback, a silent request) nothing would end it, so there each purge collects in
+full. The price: what existed
 before that first build and dies later in the same cell (the first fold's model) waits for the
 cell's end.
 """
@@ -72,6 +74,7 @@ class LoopGuard:
         self.after = 0  # custom gradients left by the last purge (the models still alive)
         self.freed = 0  # custom gradients purged between models, over the session
         self.patched: list[tuple[type, Callable[..., Any]]] = []
+        self.in_cell = False  # between pre_run_cell and post_run_cell: a cell end will thaw
 
     def install(self) -> None:
         """Wrap the optimizers' ``build`` of the Keras packages imported so far (idempotent)."""
@@ -105,8 +108,8 @@ class LoopGuard:
         count = custom_gradient_count()
         if count is None:  # TensorFlow not imported: its registry cannot hold anything
             return
-        if not Freezer.frozen:  # the cell's first new model: nothing to collect cheaply yet
-            Freezer.freeze()
+        if not Freezer.frozen and self.in_cell:  # the cell's first new model: nothing to
+            Freezer.freeze()  # collect cheaply yet (outside a cell nothing would thaw it)
             self.after = count
             return
         if count <= self.after:
@@ -138,10 +141,12 @@ def load(state: ShellState) -> Hooks:
     guard = LoopGuard(shell.user_ns)
 
     def before(info: Any) -> None:
+        guard.in_cell = True
         if len(guard.patched) < len(OPTIMIZERS):
             guard.install()  # Keras imported since: cheap when nothing new is there
 
     def after(result: Any) -> None:
+        guard.in_cell = False
         Freezer.thaw()
 
     guard.install()
