@@ -101,3 +101,26 @@ def test_a_model_trained_outside_a_cell_leaves_nothing_frozen(kip: InteractiveSh
         assert not Freezer.frozen and gc.get_freeze_count() == 0
     finally:
         Freezer.thaw()
+
+
+JAX_CELLS = """
+import json, sys
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "kerasmagic")
+shell.run_cell("import keras\\nm = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])")
+shell.run_cell("%%fresh_model -q\\nm = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])")
+from kerasmagic.cleanup import last_report
+print(json.dumps({"notes": list(last_report().notes), "tf": "tensorflow" in sys.modules}))
+"""
+
+
+def test_a_jax_cell_is_not_told_about_tensorflows_internals() -> None:
+    """On JAX (or PyTorch) TensorFlow is never imported, yet every ``%%fresh_model`` report
+    ended in "TensorFlow's tf_stack internals not found; op stack traces left as they are"
+    (the check that TF is imported was lost when the cleanup became named steps)."""
+    from test_backends import python
+
+    found = python(JAX_CELLS, KERAS_BACKEND="jax")
+    assert not found["tf"]
+    assert not [note for note in found["notes"] if "TensorFlow" in note], found["notes"]
