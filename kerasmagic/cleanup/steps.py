@@ -7,6 +7,7 @@ and a second only when something that should have gone survived the first (``sur
 from __future__ import annotations
 
 import gc
+import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable, MutableMapping
@@ -69,7 +70,7 @@ def reset_backends(run: Run) -> None:
     """Keras's global state (names, graphs; its user settings kept), then each backend's
     caches (TF's default graph and string traces, JAX's compilations, torch.compile's)."""
     reset_backend()
-    if run.patch_stack_traces:
+    if run.patch_stack_traces and "tensorflow" in sys.modules:  # JAX, PyTorch: nothing to say
         why = tfstack.install()
         if why:
             run.notes.append(why)
