@@ -124,3 +124,31 @@ def test_a_jax_cell_is_not_told_about_tensorflows_internals() -> None:
     found = python(JAX_CELLS, KERAS_BACKEND="jax")
     assert not found["tf"]
     assert not [note for note in found["notes"] if "TensorFlow" in note], found["notes"]
+
+
+NESTED = """
+def make():
+    i = keras.Input((20,))
+    base = keras.Model(i, keras.layers.Dense(16)(i), name="base")
+    inp = keras.Input((20,))
+    full = keras.Model(inp, keras.layers.Dense(2)(base(inp)))
+    full.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return full
+full = make()
+"""
+OUTBOUND = "[len(l._outbound_nodes) for l in full._flatten_layers(include_self=True, recursive=True)]"
+
+
+def test_a_kept_model_keeps_the_nodes_of_a_model_nested_in_it(kip: InteractiveShell) -> None:
+    """A kept model built with a nested model (a base called as a layer) keeps that call in its
+    own graph. ``Plan.keeps`` never counts a model as owned, so ``_unlink_from_kept_layers``
+    cut the kept model's own node to its nested base, and a cell that drops nothing reported
+    "unlinked 1 dropped layer from the graphs of kept models"."""
+    from kerasmagic.cleanup import last_report
+
+    run(kip, NESTED)
+    before = run(kip, OUTBOUND)
+    run(kip, "%%fresh_model -q\nz = 1")
+    notes = last_report().notes  # type: ignore[union-attr]
+    assert not [note for note in notes if "unlinked" in note], notes
+    assert run(kip, OUTBOUND) == before
