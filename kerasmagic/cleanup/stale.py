@@ -61,8 +61,8 @@ class Plan:
         if id(obj) in self.held:
             return True
         kind = None if self.types is None else self.types.kind(type(obj))
-        if self.types is None or kind in (None, "model", "callback"):
-            return False
+        if self.types is None or kind in (None, "callback"):
+            return False  # a model counts: one nested in a kept model is that model's
         if self._owned is None:  # read through Keras only when a candidate needs it
             self._owned = owned(self.roots, self.types)
         return self._owned.holds(obj, kind)
