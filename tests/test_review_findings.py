@@ -152,3 +152,23 @@ def test_a_kept_model_keeps_the_nodes_of_a_model_nested_in_it(kip: InteractiveSh
     notes = last_report().notes  # type: ignore[union-attr]
     assert not [note for note in notes if "unlinked" in note], notes
     assert run(kip, OUTBOUND) == before
+
+
+def test_models_in_a_rebound_defaultdict_are_freed_before_the_cell(kip: InteractiveShell) -> None:
+    """``models_under`` looks into dict and list subclasses (``defaultdict``, ``OrderedDict``),
+    so the report says they were dropped, but ``strip`` only cuts exact ``dict``/``list``:
+    the old models stay until the cell rebinds the name, and the report lists them as both
+    dropped and not freed."""
+    from kerasmagic.cleanup import last_report
+
+    cell = (
+        "from collections import defaultdict\n"
+        "runs = defaultdict(list)\n"
+        "for fold in range(2):\n"
+        "    runs['models'].append(build())\n"
+    )
+    run(kip, cell)
+    run(kip, "%%fresh_model -q\n" + cell)
+    report = last_report()
+    assert report is not None and report.dropped, report
+    assert report.not_freed == (), report.not_freed
