@@ -47,16 +47,16 @@ def strip(obj: Any, types: tuple[type, ...], kept: frozenset[int], depth: int = 
             new = strip(item, types, kept, depth + 1)
             if new is not item:
                 attrs[key] = new
-    elif type(obj) is list:
-        for i, item in enumerate(obj):
+    elif issubclass(type(obj), list):  # subclasses too, as models_under found them
+        for i, item in enumerate(list(list.__iter__(obj))):
             new = strip(item, types, kept, depth + 1)
             if new is not item:
-                obj[i] = new
-    elif type(obj) is dict:
-        for key, item in list(obj.items()):
+                list.__setitem__(obj, i, new)
+    elif issubclass(type(obj), dict):  # defaultdict, OrderedDict: an existing key's value
+        for key, item in list(dict.items(obj)):
             new = strip(item, types, kept, depth + 1)
             if new is not item:
-                obj[key] = new
+                dict.__setitem__(obj, key, new)
     elif type(obj) is tuple or (issubclass(type(obj), tuple) and hasattr(type(obj), "_fields")):
         items = [strip(item, types, kept, depth + 1) for item in tuple.__iter__(obj)]
         if any(new is not old for new, old in zip(items, obj, strict=True)):
