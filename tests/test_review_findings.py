@@ -172,3 +172,18 @@ def test_models_in_a_rebound_defaultdict_are_freed_before_the_cell(kip: Interact
     report = last_report()
     assert report is not None and report.dropped, report
     assert report.not_freed == (), report.not_freed
+
+
+def test_a_rebound_slots_dataclass_lets_its_model_go_before_the_cell(kip: InteractiveShell) -> None:
+    """README: models "in the attributes of a rebound object whose class is yours" go before
+    the cell. ``@dataclass(slots=True)`` objects keep attributes in slots, not ``__dict__``:
+    the plan never sees their model, so the old model is alive while the new one is built,
+    and ``--all`` leaves it too."""
+    run(kip, "import dataclasses, weakref\n@dataclasses.dataclass(slots=True)\n"
+        "class Run:\n    model: object\n    score: float = 0.0\nrun_ = Run(build())\n"
+        "old = weakref.ref(run_.model)")  # fmt: skip
+    run(kip, "%%fresh_model -q\nalive = old() is not None\nrun_ = Run(build())")
+    assert kip.user_ns["alive"] is False
+    run(kip, "old = weakref.ref(run_.model)")
+    run(kip, "%%fresh_model -q --all\nz = 1")
+    assert kip.user_ns["old"]() is None
