@@ -108,8 +108,9 @@ import json, sys
 from IPython.core.interactiveshell import InteractiveShell
 shell = InteractiveShell.instance()
 shell.run_line_magic("load_ext", "kerasmagic")
-shell.run_cell("import keras\\nm = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])")
-shell.run_cell("%%fresh_model -q\\nm = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])")
+build = "m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])"
+shell.run_cell("import keras\\n" + build)
+shell.run_cell("%%fresh_model -q\\n" + build)
 from kerasmagic.cleanup import last_report
 print(json.dumps({"notes": list(last_report().notes), "tf": "tensorflow" in sys.modules}))
 """
@@ -136,7 +137,9 @@ def make():
     return full
 full = make()
 """
-OUTBOUND = "[len(l._outbound_nodes) for l in full._flatten_layers(include_self=True, recursive=True)]"
+OUTBOUND = (
+    "[len(x._outbound_nodes) for x in full._flatten_layers(include_self=True, recursive=True)]"
+)
 
 
 def test_a_kept_model_keeps_the_nodes_of_a_model_nested_in_it(kip: InteractiveShell) -> None:
