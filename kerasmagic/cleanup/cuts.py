@@ -16,7 +16,13 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from kerasmagic.cleanup.tracebacks import clear_frames
-from kerasmagic.walk.children import REBOUND_DEPTH, contents, object_array, user_attrs
+from kerasmagic.walk.children import (
+    REBOUND_DEPTH,
+    contents,
+    object_array,
+    user_attrs,
+    user_slots,
+)
 from kerasmagic.walk.state import is_a
 
 
@@ -41,12 +47,16 @@ def strip(obj: Any, types: tuple[type, ...], kept: frozenset[int], depth: int = 
         return obj if id(obj) in kept else None
     if depth >= REBOUND_DEPTH or id(obj) in kept:
         return obj
-    attrs = user_attrs(obj)
-    if attrs is not None:
-        for key, item in list(attrs.items()):
+    attrs, slots = user_attrs(obj), user_slots(obj)
+    if attrs is not None or slots:
+        for key, item in list((attrs or {}).items()):
+            new = strip(item, types, kept, depth + 1)
+            if new is not item and attrs is not None:
+                attrs[key] = new
+        for _, slot, item in slots:  # @dataclass(slots=True): through the slot's descriptor
             new = strip(item, types, kept, depth + 1)
             if new is not item:
-                attrs[key] = new
+                slot.__set__(obj, new)
     elif issubclass(type(obj), list):  # subclasses too, as models_under found them
         for i, item in enumerate(list(list.__iter__(obj))):
             new = strip(item, types, kept, depth + 1)

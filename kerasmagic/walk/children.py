@@ -112,12 +112,30 @@ def user_attrs(obj: Any) -> dict[str, Any] | None:
     return attrs if type(attrs) is dict else None
 
 
+def user_slots(obj: Any) -> list[tuple[str, Any, Any]]:
+    """Return ``[(name, descriptor, value)]`` of the set slots of an instance of a user class
+    (``@dataclass(slots=True)``), read through the slots' own C descriptors; else []."""
+    kind = type(obj)
+    if issubclass(kind, type) or not user_class(kind):
+        return []
+    out: list[tuple[str, Any, Any]] = []
+    for klass in _MRO.__get__(kind):
+        for name, slot in _CLASS_DICT.__get__(klass).items():
+            if type(slot) is pytypes.MemberDescriptorType:
+                try:
+                    out.append((name, slot, slot.__get__(obj, kind)))
+                except AttributeError:  # a slot never set
+                    continue
+    return out
+
+
 def contents(obj: Any, limit: int = NEAR_ITEMS) -> list[tuple[str, Any]]:
-    """Return what a rebound or searched object holds: a user object's attributes (``.name``),
-    else a container's items (``[i]``), else nothing."""
-    attrs = user_attrs(obj)
-    if attrs is not None:
-        return [(f".{key}", value) for key, value in attrs.items()]
+    """Return what a rebound or searched object holds: a user object's attributes (``.name``,
+    slots too), else a container's items (``[i]``), else nothing."""
+    attrs, slots = user_attrs(obj), user_slots(obj)
+    if attrs is not None or slots:
+        found = [(f".{key}", value) for key, value in (attrs or {}).items()]
+        return found + [(f".{name}", value) for name, _, value in slots]
     return items_of(obj, limit) or []
 
 
