@@ -190,3 +190,34 @@ def test_a_rebound_slots_dataclass_lets_its_model_go_before_the_cell(kip: Intera
     run(kip, "old = weakref.ref(run_.model)")
     run(kip, "%%fresh_model -q --all\nz = 1")
     assert kip.user_ns["old"]() is None
+
+
+ONE_CELL = """
+import json
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "kerasmagic")
+shell.run_cell('''
+import numpy as np, keras
+from kerasmagic.backends.tensorflow.graph import custom_gradient_count
+x, y = np.zeros((64, 20), "float32"), np.zeros(64, "int64")
+counts = []
+for fold in range(6):
+    model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(2)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x, y, verbose=0)
+    counts.append(custom_gradient_count())
+''')
+print(json.dumps(shell.user_ns["counts"]))
+"""
+
+
+def test_a_loop_in_the_cell_that_first_imports_keras_stays_flat() -> None:
+    """ "Loops need no cleanup code": but the optimizers' ``build`` is wrapped only at a cell's
+    start once Keras is imported, so a notebook whose loop sits in the cell that imports Keras
+    (a script pasted in one cell, Run All on a fresh kernel) keeps every fold's training graph
+    in TF's gradient registry."""
+    from test_backends import python
+
+    counts = python(ONE_CELL, KERAS_BACKEND="tensorflow")
+    assert counts[5] <= counts[2], counts
