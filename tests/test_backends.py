@@ -156,6 +156,7 @@ def test_torch_reads_resets_and_caps_the_cuda_allocator(cuda: FakeCuda) -> None:
     assert torch_backend.reset_peaks() == ["cuda:0"]
     assert "memory capped at 8192 MB for 1 GPU(s)" in torch_backend.configure(False, 8192)
     assert cuda.calls == [
+        "get_per_process_memory_fraction(0,)",  # read(): a fraction the user set is the limit
         "empty_cache()",
         "ipc_collect()",
         "reset_peak_memory_stats(0,)",

@@ -32,7 +32,8 @@ def test_a_plain_kfold_loop_stays_flat(kip: InteractiveShell) -> None:
     run(kip, BIG)
     run(kip, LOOP)
     after, one_model = kip.user_ns["after"], kip.ev("model_size_bytes(model)")
-    assert after[6] == after[4], after  # exact: every fold leaves what the one before left
+    # Flat: a fold may leave a batch's worth more or less (TF's buffers), never a model more.
+    assert abs(after[6] - after[4]) <= one_model / 4, after
     assert after[6] - after[0] <= 2.5 * one_model, after  # the first, the last two: no more
     assert not Freezer.frozen and gc.get_freeze_count() == 0  # the cell's end thawed them
 
@@ -83,6 +84,6 @@ def test_a_train_step_from_an_earlier_cell_drops_the_traces_of_dead_models(
         "    after.append(in_use())\n",
     )
     after = kip.user_ns["after"]
-    assert after[5] == after[3], after
+    assert abs(after[5] - after[3]) <= kip.ev("model_size_bytes(model)") / 4, after
     traces = kip.ev("len(train_step._list_all_concrete_functions())")
     assert traces <= 3, traces  # the traces of the models that died went

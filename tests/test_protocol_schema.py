@@ -16,6 +16,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from kerasmagic.cleanup import last_report
 from kerasmagic.cleanup.holders import live_models
 from kerasmagic.live import get_monitor
+from kerasmagic.oom import report as explain_oom
 from kerasmagic.probes import nvml
 from kerasmagic.probes.variables import largest_variables
 from kerasmagic.snapshot import take_snapshot
@@ -61,6 +62,16 @@ def one_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     nvml.shutdown()
 
 
+def _tf_oom() -> BaseException:
+    import tensorflow as tf
+
+    message = (
+        "OOM when allocating tensor with shape[35,1000,1000] and type float on "
+        "/job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu"
+    )
+    return tf.errors.ResourceExhaustedError(None, None, message)
+
+
 def test_what_real_objects_send_is_what_the_schema_declares(
     kip: InteractiveShell, one_gpu: None
 ) -> None:
@@ -91,6 +102,9 @@ def test_what_real_objects_send_is_what_the_schema_declares(
     ]
     models, variables = live_models(kip.user_ns), largest_variables(kip.user_ns)
     found += [(models[0], vars(models[0])), (variables[0], vars(variables[0]))]
+    oom = explain_oom(kip, _tf_oom())  # TensorFlow's own error, with the message its allocator writes
+    assert oom is not None
+    found.append((oom.facts, oom.facts.to_dict()))
     gpu = take_snapshot()
     found.append((gpu.gpu.devices[0], gpu.to_dict()["gpu"]["devices"][0]))
     for obj, data in found:

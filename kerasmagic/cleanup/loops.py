@@ -24,6 +24,7 @@ import functools
 import gc
 import logging
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -75,9 +76,16 @@ class LoopGuard:
         self.freed = 0  # custom gradients purged between models, over the session
         self.patched: list[tuple[type, Callable[..., Any]]] = []
         self.in_cell = False  # between pre_run_cell and post_run_cell: a cell end will thaw
+        self._lock = threading.Lock()  # the main thread and the sampler's may both install
 
     def install(self) -> None:
         """Wrap the optimizers' ``build`` of the Keras packages imported so far (idempotent)."""
+        if len(self.patched) == len(OPTIMIZERS):
+            return
+        with self._lock:
+            self._install()
+
+    def _install(self) -> None:
         for module, name in OPTIMIZERS:
             cls = getattr(sys.modules.get(module), name, None)
             original = cls.__dict__.get("build") if isinstance(cls, type) else None
@@ -89,6 +97,10 @@ class LoopGuard:
 
     def uninstall(self) -> None:
         """Put every wrapped ``build`` back."""
+        with self._lock:
+            self._uninstall()
+
+    def _uninstall(self) -> None:
         for cls, original in reversed(self.patched):
             type.__setattr__(cls, "build", original)
         self.patched.clear()
@@ -132,32 +144,40 @@ class LoopGuard:
         self.after = custom_gradient_count() or 0
 
 
-Hooks = tuple[LoopGuard, Callable[[Any], None], Callable[[Any], None]]
+Hooks = tuple[LoopGuard, Callable[[Any], None], Callable[[Any], None], Callable[[], None]]
 
 
 def load(state: ShellState) -> Hooks:
-    """Guard the shell's loops: wrap the optimizers once Keras is imported, thaw at cell end."""
+    """Guard the shell's loops: wrap the optimizers once Keras is imported (at a cell's start,
+    or while a cell runs, from the live monitor's sampler: a loop in the cell that imports Keras
+    is guarded from its first folds), thaw at cell end."""
     shell = state.shell
     guard = LoopGuard(shell.user_ns)
 
     def before(info: Any) -> None:
         guard.in_cell = True
-        if len(guard.patched) < len(OPTIMIZERS):
-            guard.install()  # Keras imported since: cheap when nothing new is there
+        guard.install()  # Keras imported since: cheap when nothing new is there
 
     def after(result: Any) -> None:
         guard.in_cell = False
         Freezer.thaw()
 
+    def sampled(kind: str, payload: Any) -> None:
+        if kind == "sample" and guard.in_cell:
+            guard.install()
+
     guard.install()
     shell.events.register("pre_run_cell", before)
     shell.events.register("post_run_cell", after)
-    return guard, before, after
+    monitor = state.part("live")
+    stop = monitor.subscribe(sampled) if monitor is not None else (lambda: None)
+    return guard, before, after, stop
 
 
 def unload(state: ShellState, hooks: Hooks) -> None:
     """Unwrap the optimizers and remove the hooks."""
-    guard, before, after = hooks
+    guard, before, after, stop = hooks
+    stop()
     guard.uninstall()
     state.shell.events.unregister("pre_run_cell", before)
     state.shell.events.unregister("post_run_cell", after)

@@ -26,8 +26,9 @@ from pathlib import Path
 # on this interpreter's path (an editable install beside a checkout): the child must run the
 # kernel's own kerasmagic, whose result it writes. ROOT goes last, after the standard library.
 PRELUDE = (
-    "import sys, importlib.util as u\n"
-    "if sys.path[:1] == ['']: del sys.path[0]\n"
+    "import sys\n"
+    "if sys.path[:1] == ['']: del sys.path[0]\n"  # before any other import: see above
+    "import importlib.util as u\n"
     "p = sys.argv[1] + '/kerasmagic'\n"
     "s = u.spec_from_file_location('kerasmagic', p + '/__init__.py', "
     "submodule_search_locations=[p])\n"
