@@ -32,6 +32,7 @@ NAMESPACE = """
 objects = [[i] for i in range(1_000_000)]         # 1M live (gc-tracked) objects
 lookup = {i: str(i) for i in range(100_000)}      # a big dict (the probe must not copy it)
 """
+LIVE_ONLY = (("live", "kerasmagic.live"),)  # (part name, module), as _extension.PARTS
 KERAS = """
 import keras, numpy as np
 models = [keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)]) for _ in range(3)]
@@ -71,7 +72,9 @@ def sampler_share(shell: InteractiveShell, seconds: float, busy: bool) -> float:
     return (thread_cpu_s(native_id) - before) / (time.perf_counter() - start)
 
 
-def cells_with_parts(shell: InteractiveShell, cells: int, parts: tuple[str, ...]) -> list[float]:
+def cells_with_parts(
+    shell: InteractiveShell, cells: int, parts: tuple[tuple[str, str], ...]
+) -> list[float]:
     """Return each cell's time with the extension loaded with only ``parts``."""
     saved = _extension.PARTS
     _extension.PARTS = parts
@@ -99,14 +102,14 @@ def main() -> dict[str, Any]:
     rounds, times = 10, {"without": [], "live": [], "all": []}
     for _ in range(rounds):
         times["without"] += time_cells(shell, args.cells // rounds)
-        times["live"] += cells_with_parts(shell, args.cells // rounds, ("kerasmagic.live",))
+        times["live"] += cells_with_parts(shell, args.cells // rounds, LIVE_ONLY)
         times["all"] += cells_with_parts(shell, args.cells // rounds, _extension.PARTS)
     without, with_live, with_all = (statistics.median(times[k]) for k in ("without", "live", "all"))
     shell.run_line_magic("load_ext", "kerasmagic")
     result = {
         "cells": args.cells,
         "keras_models_in_namespace": args.keras,
-        "parts_loaded": list(_extension.PARTS),
+        "parts_loaded": [name for name, _ in _extension.PARTS],
         "median_without_ms": without * 1e3,
         "median_with_live_monitor_only_ms": with_live * 1e3,
         "median_with_all_parts_ms": with_all * 1e3,
