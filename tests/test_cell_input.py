@@ -207,6 +207,96 @@ def test_traceback_names_the_cell_and_hides_kerasmagic(
     assert "Cell In[0]" not in text and "kerasmagic" not in text and "run_padded" not in text
 
 
+# --- B2: cells that do not compile are refused as plain cells are -------------------------
+
+BAD_BODIES = {
+    "syntax": "z = 1 +\n",
+    "unclosed": "z = (1,\n",
+    "indent": "  z = 1\ny = 2\n",
+    "dedent": "if True:\n    z = 1\n  y = 2\n",
+    "tabs": "def f():\n\tif 1:\n        pass\n",
+    "return": "z = 1\nreturn z\n",
+    "break": "z = 1\nbreak\n",
+    "duplicate argument": "def f(a, a):\n    pass\n",
+    "nul": "z = 1\x00\n",
+    "parentheses": "z = " + "(" * 300 + ")" * 300 + "\n",
+    "nested blocks": "".join(" " * i + "if 1:\n" for i in range(120)) + " " * 120 + "z = 1\n",
+    "deep unary": "z = " + "-" * 100_000 + "1\n",  # the parser's stack: MemoryError
+    "deep lambdas": "z = " + "lambda: " * 5_000 + "1\n",
+}
+
+
+def shown_error(text: str) -> str:
+    """Return the last line of a shown error (``SyntaxError: invalid syntax``)."""
+    return text.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("body", BAD_BODIES.values(), ids=BAD_BODIES.keys())
+def test_a_cell_that_does_not_compile_is_refused_as_a_plain_cell_is(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str], body: str
+) -> None:
+    plain = ip.run_cell(body, store_history=True)
+    plain_text = output(capsys)
+    ip.user_ns.pop("z", None)  # IPython runs a plain cell's statements up to one that fails
+    number = ip.execution_count
+    result = ip.run_cell(f"%%fresh_model -q\n{body}", store_history=True)
+    text = output(capsys)
+    error = result.error_before_exec
+    assert result.error_in_exec is None and isinstance(error, SyntaxError), text[-500:]
+    assert "kerasmagic" not in text and "Traceback" not in text and "run_cell_magic" not in text
+    assert "z" not in ip.user_ns and ip.execution_count == number + 1
+    if isinstance(plain.error_before_exec, SyntaxError):  # else the parser's MemoryError
+        assert type(error) is type(plain.error_before_exec)
+        assert shown_error(text) == shown_error(plain_text)
+    else:
+        assert shown_error(text).startswith("SyntaxError: too deeply nested")
+    if error.lineno is not None:  # the magic's line is line 1: the body's lines are one down
+        assert error.lineno == (plain.error_before_exec.lineno or 0) + 1  # type: ignore[union-attr]
+        assert f"Cell In[{number}], line {error.lineno}" in text or (
+            f"File <tokenize>:{error.lineno}" in text  # IPython's tokenizer, before Python's
+        )
+
+
+def test_a_cell_that_does_not_compile_runs_no_cleanup(kip: InteractiveShell) -> None:
+    run(kip, "model = build()")
+    run(kip, "build()")  # held by Out[] only: the first thing a cleanup drops
+    held = kip.user_ns["Out"][kip.execution_count - 1]
+    result = kip.run_cell("%%fresh_model\nmodel = build()\nreturn 5", store_history=True)
+    assert isinstance(result.error_before_exec, SyntaxError)
+    assert kip.user_ns["Out"][kip.execution_count - 2] is held
+
+
+def test_a_cell_is_parsed_once_and_the_parse_is_not_kept(ip: InteractiveShell) -> None:
+    from kerasmagic.shellstate import state_of
+
+    state = state_of(ip)
+    assert state is not None
+    parses = []
+    real_parse = ip.compile.ast_parse
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        parses.append(args[0])
+        return real_parse(*args, **kwargs)
+
+    ip.compile.ast_parse = counted  # type: ignore[method-assign]
+    try:
+        fresh(ip, "parsed_once = 1")
+    finally:
+        del ip.compile.ast_parse
+    assert ip.user_ns["parsed_once"] == 1
+    body_parses = [p for p in parses if "parsed_once" in p and "run_cell_magic" not in p]
+    assert body_parses == ["\nparsed_once = 1\n"]
+    assert state.checked is None
+    ip.run_cell("%%fresh_model --bogus\nkept_parse = 1", store_history=True)  # refused line
+    assert state.checked is None
+
+
+def test_a_cell_being_typed_is_not_called_invalid(ip: InteractiveShell) -> None:
+    """Terminal IPython and Jupyter's is_complete ask while the user types: no SyntaxError yet."""
+    manager = ip.input_transformer_manager
+    assert manager.check_complete("%%fresh_model -q\nx = (1,\n")[0] == "incomplete"
+
+
 # --- C: bad magic lines ---------------------------------------------------------------------
 
 
