@@ -7,6 +7,7 @@ line that drops nothing and runs nothing (checked on seeded fuzzed lines).
 
 from __future__ import annotations
 
+import ast
 import random
 import re
 import time
@@ -15,7 +16,10 @@ from typing import Any
 
 import faultcounts
 import pytest
-from conftest import run
+from conftest import kernel_run as kernel_run_text
+from conftest import real_kernel, run
+from IPython.core.compilerop import CachingCompiler
+from IPython.core.inputtransformer2 import TransformerManager
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 from jupyter_client.manager import start_new_kernel
@@ -432,3 +436,104 @@ def test_autograph_converts_lambdas_under_the_magic(kip: InteractiveShell) -> No
         )
     assert result.success and kip.user_ns["got"] == [0, 2, 4, 6]
     assert "could not transform" not in out.stdout + out.stderr
+
+
+# --- E: in a real kernel, no traceback shows kerasmagic -------------------------------------
+
+GOOD_CELLS = [
+    "for fold in range(2):\n    model = build()\n    model.fit(x, y, verbose=0)\n",
+    "def f(a, b=2):\n    return [a * b for _ in range(3)]\nz = f(1)\n",
+    "with open('f') as fh:\n    text = fh.read()\n",
+    "class A:\n    def m(self):\n        return {'k': (1, 2)}\n",
+    "z = lambda v: v ** 2\nprint(f'{z(3)}')\n",
+    "try:\n    import numpy as np\nexcept ImportError:\n    np = None\n",
+    "async def g():\n    await asyncio.sleep(0)\n",
+    "%time z = 1\nout = !echo hi\n",
+]
+BREAKS = [
+    *("(", ")", "[", "]", "{", ":", "'", '"', '"""', "\\", "\t", "\x00", "\n  ", "\n\t"),
+    *("return ", "break", "yield ", "def ", "lambda", "=", "**", "@", "async ", "else:"),
+    *("nonlocal q", ",", ".", "1a", "f'{", "global z\n", "*a = 1\n", "del 1\n"),
+]
+
+
+def refusal(body: str) -> str | None:
+    """Return the last line IPython shows for ``body`` under ``%%fresh_model`` if it does not
+    compile (computed here, from IPython's transform and Python's compiler), else None."""
+    compiler = CachingCompiler()  # IPython's own: its flags shape Python's messages
+    try:
+        code = TransformerManager().transform_cell(body)
+        with compiler.extra_flags(ast.PyCF_ALLOW_TOP_LEVEL_AWAIT):
+            compiler(compiler.ast_parse("\n" + code), "<cell>", "exec")
+    except SyntaxError as error:
+        return f"{type(error).__name__}: {error.msg}"
+    except (MemoryError, RecursionError, ValueError):
+        return "SyntaxError: too deeply nested"
+    return None
+
+
+def fuzzed_bad_bodies(rng: random.Random, count: int) -> list[str]:
+    """Good cells broken at random places (a bracket, a quote, an indent, a NUL byte, a
+    statement out of place, a character dropped): those that do not compile."""
+    bodies: list[str] = []
+    while len(bodies) < count:
+        body = rng.choice(GOOD_CELLS)
+        at = rng.randrange(len(body))
+        if rng.random() < 0.25:
+            body = body[:at] + body[at + rng.randint(1, 3) :]
+        else:
+            body = body[:at] + rng.choice(BREAKS) + body[at:]
+        if refusal(body) is not None:
+            bodies.append(body)
+    return bodies
+
+
+@pytest.mark.slow
+def test_no_bad_cell_shows_kerasmagic_in_a_real_kernel(tmp_path: Any) -> None:
+    """Fuzzed bodies that do not compile, a Ctrl-C the cell sends itself, one lost in a gc
+    callback and a runtime error: each traceback shows the user's lines, never kerasmagic's."""
+    bodies = [*BAD_BODIES.values(), *fuzzed_bad_bodies(random.Random(20), 150)]
+    interrupting = {
+        "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nz = 1": "KeyboardInterrupt",
+        INTERRUPT_IN_GC_CALLBACK: "KeyboardInterrupt",
+        "def f():\n    return 1 / 0\nf()": "ZeroDivisionError",
+    }
+    shown = 0
+    with real_kernel(str(tmp_path)) as (_, client):
+        for body in bodies:
+            reply, text = kernel_cell(client, f"%%fresh_model -q\n{body}")
+            expected = refusal(body)
+            faultcounts.add("bad inputs")
+            faultcounts.add("raw tracebacks", "kerasmagic" in text or "Traceback" in text)
+            assert reply["status"] == "error" and expected is not None, body[:200]
+            assert "kerasmagic" not in text and "run_cell_magic" not in text, (body[:200], text)
+            assert ANSI.sub("", text).strip().splitlines()[-1].startswith(expected), text
+            shown += 1
+        for body, ename in interrupting.items():
+            for cell in (body, f"%%fresh_model -q\n{body}"):
+                reply, text = kernel_cell(client, cell)
+                assert reply["ename"] == ename and "kerasmagic" not in text, (cell, text)
+                shown += 1
+    assert shown == len(bodies) + 2 * len(interrupting)
+
+
+INTERRUPT_IN_GC_CALLBACK = """
+import gc, os, signal
+def _interrupt_once(phase, info, fired=[]):
+    if phase == "start" and not fired:
+        fired.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # Python runs the SIGINT handler here, inside the callback
+            pass
+gc.callbacks.append(_interrupt_once)
+try:
+    gc.collect()
+finally:
+    gc.callbacks.remove(_interrupt_once)
+"""
+
+
+def kernel_cell(client: Any, code: str) -> tuple[dict[str, Any], str]:
+    """Run ``code`` in the kernel; return its reply and what it showed, colours removed."""
+    reply, text = kernel_run_text(client, code)
+    return reply, ANSI.sub("", text)

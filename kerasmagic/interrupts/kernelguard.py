@@ -27,6 +27,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 from kerasmagic.interrupts.held import interrupt_finished_cell
+from kerasmagic.interrupts.ownframes import shown_plain
 from kerasmagic.interrupts.swallowed import InterruptWatch
 from kerasmagic.shellstate import ShellState
 
@@ -131,7 +132,7 @@ class KernelGuard:
     def interrupt(self, signum: int, frame: FrameType | None) -> None:
         """SIGINT while the cell's code runs: raise ``KeyboardInterrupt``, and follow it."""
         __tracebackhide__ = True  # read by IPython's traceback formatter
-        error = KeyboardInterrupt()
+        error = shown_plain(KeyboardInterrupt())
         self._watch.arm(frame if frame is not None else sys._getframe(1), error)
         raise error
 

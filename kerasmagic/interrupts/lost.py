@@ -21,6 +21,7 @@ import threading
 from types import FrameType
 from typing import Any
 
+from kerasmagic.interrupts.ownframes import shown_plain
 from kerasmagic.interrupts.swallowed import following
 from kerasmagic.shellstate import ShellState
 
@@ -51,7 +52,7 @@ class RaiseInFrame:
             sys.settrace(None)
         frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes = self._saved
         self._frame = None
-        raise KeyboardInterrupt
+        raise shown_plain(KeyboardInterrupt())
 
 
 def interrupted_frame(unraisable: Any) -> FrameType | None:
