@@ -19,6 +19,7 @@ import pytest
 from conftest import kernel_run as kernel_run_text
 from conftest import real_kernel, run
 from IPython.core.compilerop import CachingCompiler
+from IPython.core.error import UsageError
 from IPython.core.inputtransformer2 import TransformerManager
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
@@ -299,6 +300,24 @@ def test_a_cell_being_typed_is_not_called_invalid(ip: InteractiveShell) -> None:
     """Terminal IPython and Jupyter's is_complete ask while the user types: no SyntaxError yet."""
     manager = ip.input_transformer_manager
     assert manager.check_complete("%%fresh_model -q\nx = (1,\n")[0] == "incomplete"
+
+
+def test_an_isolated_cell_that_needs_ipython_is_refused_in_one_line(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The child is plain Python: a get_ipython() there failed late, with NameError."""
+    for body in ("shell = get_ipython()\nz = 1", "%time z = 1", "z = 1\nout = !echo hi"):
+        result = ip.run_cell(f"%%fresh_model --isolate\n{body}", store_history=True)
+        text = output(capsys)
+        assert text.startswith("UsageError: an isolated cell runs plain Python"), text
+        assert text.strip().count("\n") == 0 and "z" not in ip.user_ns
+        assert isinstance(result.error_in_exec, UsageError)
+
+
+@pytest.mark.slow
+def test_an_isolated_cell_may_import_get_ipython_itself(ip: InteractiveShell) -> None:
+    fresh(ip, "from IPython import get_ipython\nz = get_ipython()", "-q --isolate --outputs z")
+    assert ip.user_ns["z"] is None  # as in any plain Python process
 
 
 # --- C: bad magic lines ---------------------------------------------------------------------
