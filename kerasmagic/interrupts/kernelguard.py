@@ -28,6 +28,7 @@ from typing import Any
 
 from kerasmagic.interrupts.held import interrupt_finished_cell
 from kerasmagic.interrupts.ownframes import shown_plain
+from kerasmagic.interrupts.pyversions import frames_checked
 from kerasmagic.interrupts.swallowed import InterruptWatch
 from kerasmagic.shellstate import ShellState
 
@@ -62,7 +63,7 @@ class KernelGuard:
             code = getattr(getattr(owner, "run_code", None), "__code__", None)
             if code is not None:
                 self._cell_code.add(code)
-        self._watch = InterruptWatch(self._cell_code)
+        self._watch = InterruptWatch(self._cell_code, enabled=frames_checked())
 
     def install(self) -> None:
         """Take over the kernel's handler hooks and put the opener and callbacks in place."""
