@@ -27,7 +27,7 @@ class ShellState:
     parts: dict[str, Any] = field(default_factory=dict)
     last_report: CleanupReport | None = None
     compiled: OrderedDict[str, CompiledCell] = field(default_factory=OrderedDict)
-    transformed: tuple[str, str] | None = None  # the last %%fresh_model body, IPython-transformed
+    transformed: tuple[str, str] | None = None  # this cell's %%fresh_model body, transformed
     checked: tuple[str, ast.Module] | None = None  # (source, tree) parsed before the cell ran
 
     def part(self, name: str) -> Any | None:

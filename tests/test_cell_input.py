@@ -291,9 +291,9 @@ def test_a_cell_is_parsed_once_and_the_parse_is_not_kept(ip: InteractiveShell) -
     assert ip.user_ns["parsed_once"] == 1
     body_parses = [p for p in parses if "parsed_once" in p and "run_cell_magic" not in p]
     assert body_parses == ["\nparsed_once = 1\n"]
-    assert state.checked is None
+    assert state.checked is None and state.transformed is None
     ip.run_cell("%%fresh_model --bogus\nkept_parse = 1", store_history=True)  # refused line
-    assert state.checked is None
+    assert state.checked is None and state.transformed is None
 
 
 def test_a_cell_being_typed_is_not_called_invalid(ip: InteractiveShell) -> None:

@@ -71,10 +71,10 @@ class CompileCheck:
         return lines
 
     def cell_ended(self, result: Any) -> None:
-        """Drop a parsed cell the magic did not take (it refused its line, say)."""
+        """Drop the body's transform and a parse the magic did not take (it refused its line)."""
         state = state_of(self.shell)
         if state is not None:
-            state.checked = None
+            state.checked = state.transformed = None  # a cell of megabytes: not kept after it
 
 
 def load(state: ShellState) -> CompileCheck:
