@@ -320,6 +320,33 @@ def test_an_isolated_cell_may_import_get_ipython_itself(ip: InteractiveShell) ->
     assert ip.user_ns["z"] is None  # as in any plain Python process
 
 
+CYCLE_THAT_INTERRUPTS = """
+import gc, os, signal
+class Bomb:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # Python runs the SIGINT handler here
+            pass
+gc.disable()  # collected by the cleanup's gc.collect(), not before
+bomb = Bomb()
+bomb.me = bomb
+del bomb
+"""
+
+
+def test_a_ctrl_c_held_through_the_cleanup_shows_no_kerasmagic_frame(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(ip, CYCLE_THAT_INTERRUPTS)
+    try:
+        result = ip.run_cell("%%fresh_model -q\nz = 1", store_history=True)
+    finally:
+        run(ip, "gc.enable()")
+    text = output(capsys)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt) and "z" not in ip.user_ns
+    assert "kerasmagic" not in text and "held.py" not in text, text
+
+
 # --- C: bad magic lines ---------------------------------------------------------------------
 
 
@@ -509,8 +536,9 @@ def fuzzed_bad_bodies(rng: random.Random, count: int) -> list[str]:
 
 @pytest.mark.slow
 def test_no_bad_cell_shows_kerasmagic_in_a_real_kernel(tmp_path: Any) -> None:
-    """Fuzzed bodies that do not compile, a Ctrl-C the cell sends itself, one lost in a gc
-    callback and a runtime error: each traceback shows the user's lines, never kerasmagic's."""
+    """Fuzzed bodies that do not compile, a Ctrl-C held through the cleanup, one the cell sends
+    itself, one lost in a gc callback and a runtime error: each traceback shows the user's
+    lines, never kerasmagic's."""
     bodies = [*BAD_BODIES.values(), *fuzzed_bad_bodies(random.Random(20), 150)]
     interrupting = {
         "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nz = 1": "KeyboardInterrupt",
@@ -519,6 +547,10 @@ def test_no_bad_cell_shows_kerasmagic_in_a_real_kernel(tmp_path: Any) -> None:
     }
     shown = 0
     with real_kernel(str(tmp_path)) as (_, client):
+        kernel_cell(client, CYCLE_THAT_INTERRUPTS)  # a Ctrl-C held through the cleanup
+        reply, text = kernel_cell(client, "%%fresh_model -q\nz = 1")
+        kernel_cell(client, "gc.enable()")
+        assert reply["ename"] == "KeyboardInterrupt" and "kerasmagic" not in text, text
         for body in bodies:
             reply, text = kernel_cell(client, f"%%fresh_model -q\n{body}")
             expected = refusal(body)
