@@ -6,7 +6,17 @@ with every part (the sidebar comm too); reports the median time per cell of each
 differences, and the sampler thread's CPU share while idle and while a cell runs.
 Writes JSON to ``benchmarks/results/hook_overhead.json``.
 
-    python benchmarks/hook_overhead.py [--cells 1000] [--keras]
+IPython's history thread writes each cell's input to SQLite holding the lock that the next
+cell's ``HistoryManager.store_inputs`` takes, and it runs as soon as the main thread lets the
+GIL go: any ``post_run_cell`` hook that reads a file (``/proc/self/statm``) or waits on a thread
+lets it start a commit that the next cell, run at once, waits for (a hook doing only
+``time.sleep(0)`` adds ~5 ms a cell this way; without hooks the thread only runs every
+switch interval, 5 ms, and commits ~40 cells at once). A kernel has idle time between cells
+for that commit. So by default the history writes are held back while cells are timed, in
+every set-up alike, and the figures are kerasmagic's own; ``--history-writes`` keeps IPython's
+default (one commit per cell) to see what a back-to-back in-process loop pays.
+
+    python benchmarks/hook_overhead.py [--cells 1000] [--keras] [--history-writes]
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ NAMESPACE = """
 objects = [[i] for i in range(1_000_000)]         # 1M live (gc-tracked) objects
 lookup = {i: str(i) for i in range(100_000)}      # a big dict (the probe must not copy it)
 """
+LIVE_ONLY = (("live", "kerasmagic.live"),)  # (part name, module), as _extension.PARTS
 KERAS = """
 import keras, numpy as np
 models = [keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)]) for _ in range(3)]
@@ -71,7 +82,9 @@ def sampler_share(shell: InteractiveShell, seconds: float, busy: bool) -> float:
     return (thread_cpu_s(native_id) - before) / (time.perf_counter() - start)
 
 
-def cells_with_parts(shell: InteractiveShell, cells: int, parts: tuple[Any, ...]) -> list[float]:
+def cells_with_parts(
+    shell: InteractiveShell, cells: int, parts: tuple[tuple[str, str], ...]
+) -> list[float]:
     """Return each cell's time with the extension loaded with only ``parts``."""
     saved = _extension.PARTS
     _extension.PARTS = parts
@@ -91,24 +104,32 @@ def main() -> dict[str, Any]:
     parser.add_argument("--cells", type=int, default=1000)
     parser.add_argument("--keras", action="store_true", help="also import Keras, hold 3 models")
     parser.add_argument("--sampler-s", type=float, default=10.0)
+    parser.add_argument(
+        "--history-writes",
+        action="store_true",
+        help="let IPython's history thread commit every cell's input while cells are timed",
+    )
     args = parser.parse_args()
     shell = InteractiveShell.instance()
     shell.run_cell(NAMESPACE + (KERAS if args.keras else ""))
+    history = shell.history_manager
+    assert history is not None
+    if not args.history_writes:
+        history.db_cache_size = 10 * args.cells + 100  # written after the timing, at once
     # Interleave the three set-ups in rounds: IPython's own per-cell cost drifts as its history
     # grows, and measuring one set-up after another would charge that drift to the later ones.
     rounds, times = 10, {"without": [], "live": [], "all": []}
     for _ in range(rounds):
         times["without"] += time_cells(shell, args.cells // rounds)
-        times["live"] += cells_with_parts(
-            shell, args.cells // rounds, (("live", "kerasmagic.live"),)
-        )
+        times["live"] += cells_with_parts(shell, args.cells // rounds, LIVE_ONLY)
         times["all"] += cells_with_parts(shell, args.cells // rounds, _extension.PARTS)
     without, with_live, with_all = (statistics.median(times[k]) for k in ("without", "live", "all"))
     shell.run_line_magic("load_ext", "kerasmagic")
     result = {
         "cells": args.cells,
         "keras_models_in_namespace": args.keras,
-        "parts_loaded": list(_extension.PARTS),
+        "history_written_per_cell": args.history_writes,
+        "parts_loaded": [name for name, _ in _extension.PARTS],
         "median_without_ms": without * 1e3,
         "median_with_live_monitor_only_ms": with_live * 1e3,
         "median_with_all_parts_ms": with_all * 1e3,
@@ -121,6 +142,8 @@ def main() -> dict[str, Any]:
         "cpu": platform.processor() or platform.machine(),
     }
     shell.run_line_magic("unload_ext", "kerasmagic")
+    history.db_cache_size = 0
+    history.writeout_cache()
     RESULTS.mkdir(exist_ok=True)
     name = "hook_overhead_keras.json" if args.keras else "hook_overhead.json"
     (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")

@@ -23,6 +23,7 @@ PARTS: tuple[tuple[str, str], ...] = (
     ("live", "kerasmagic.live"),  # the per-cell monitor
     ("sidebar", "kerasmagic.views.comm"),  # shows the monitor: after it
     ("loops", "kerasmagic.cleanup.loops"),
+    ("check", "kerasmagic.cells.precheck"),  # refuses a body that does not compile: first
     ("await", "kerasmagic.cells.awaiting"),
     ("lost_interrupts", "kerasmagic.interrupts.lost"),
     ("gradmode", "kerasmagic.interrupts.gradmode"),

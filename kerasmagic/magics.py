@@ -15,7 +15,7 @@ from traitlets import Bool, Int, TraitError, observe, validate
 
 from kerasmagic.backends import configure_gpus, reset_peaks
 from kerasmagic.cells import runner
-from kerasmagic.cells.compiler import compile_cell
+from kerasmagic.cells.compiler import compile_cell, transformed_body
 from kerasmagic.cells.reads import rebound_now
 from kerasmagic.cleanup import last_report, reset
 from kerasmagic.cleanup.holders import live_models
@@ -193,7 +193,7 @@ class KerasMagics(Magics):
         # phase runs gc callbacks (JAX registers one), and an interrupt raised inside one is
         # printed as "Exception ignored" and lost.
         with held_interrupts() as held:
-            compiled = compile_cell(self.ip, self.ip.transform_cell(cell), header)
+            compiled = compile_cell(self.ip, transformed_body(self.ip, cell), header)
             keep = keep_names(args.keep, self.ip.user_ns, compiled.assigned)
             report = reset(
                 self.ip.user_ns,

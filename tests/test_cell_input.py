@@ -7,6 +7,7 @@ line that drops nothing and runs nothing (checked on seeded fuzzed lines).
 
 from __future__ import annotations
 
+import ast
 import random
 import re
 import time
@@ -15,7 +16,11 @@ from typing import Any
 
 import faultcounts
 import pytest
-from conftest import run
+from conftest import kernel_run as kernel_run_text
+from conftest import real_kernel, run
+from IPython.core.compilerop import CachingCompiler
+from IPython.core.error import UsageError
+from IPython.core.inputtransformer2 import TransformerManager
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 from jupyter_client.manager import start_new_kernel
@@ -207,6 +212,141 @@ def test_traceback_names_the_cell_and_hides_kerasmagic(
     assert "Cell In[0]" not in text and "kerasmagic" not in text and "run_padded" not in text
 
 
+# --- B2: cells that do not compile are refused as plain cells are -------------------------
+
+BAD_BODIES = {
+    "syntax": "z = 1 +\n",
+    "unclosed": "z = (1,\n",
+    "indent": "  z = 1\ny = 2\n",
+    "dedent": "if True:\n    z = 1\n  y = 2\n",
+    "tabs": "def f():\n\tif 1:\n        pass\n",
+    "return": "z = 1\nreturn z\n",
+    "break": "z = 1\nbreak\n",
+    "duplicate argument": "def f(a, a):\n    pass\n",
+    "nul": "z = 1\x00\n",
+    "parentheses": "z = " + "(" * 300 + ")" * 300 + "\n",
+    "nested blocks": "".join(" " * i + "if 1:\n" for i in range(120)) + " " * 120 + "z = 1\n",
+    "deep unary": "z = " + "-" * 100_000 + "1\n",  # the parser's stack: MemoryError
+    "deep lambdas": "z = " + "lambda: " * 5_000 + "1\n",
+}
+
+
+def shown_error(text: str) -> str:
+    """Return the last line of a shown error (``SyntaxError: invalid syntax``)."""
+    return text.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("body", BAD_BODIES.values(), ids=BAD_BODIES.keys())
+def test_a_cell_that_does_not_compile_is_refused_as_a_plain_cell_is(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str], body: str
+) -> None:
+    plain = ip.run_cell(body, store_history=True)
+    plain_text = output(capsys)
+    ip.user_ns.pop("z", None)  # IPython runs a plain cell's statements up to one that fails
+    number = ip.execution_count
+    result = ip.run_cell(f"%%fresh_model -q\n{body}", store_history=True)
+    text = output(capsys)
+    error = result.error_before_exec
+    assert result.error_in_exec is None and isinstance(error, SyntaxError), text[-500:]
+    assert "kerasmagic" not in text and "Traceback" not in text and "run_cell_magic" not in text
+    assert "z" not in ip.user_ns and ip.execution_count == number + 1
+    if isinstance(plain.error_before_exec, SyntaxError):  # else the parser's MemoryError
+        assert type(error) is type(plain.error_before_exec)
+        assert shown_error(text) == shown_error(plain_text)
+    else:
+        assert shown_error(text).startswith("SyntaxError: too deeply nested")
+    if error.lineno is not None:  # the magic's line is line 1: the body's lines are one down
+        assert error.lineno == (plain.error_before_exec.lineno or 0) + 1  # type: ignore[union-attr]
+        where = ("Cell In[{number}], line {line}", "File <tokenize>:{line}", "File <string>:{line}")
+        # (the last two: IPython's tokenizer found it, before Python's compiler; 3.11, 3.12+)
+        assert any(w.format(number=number, line=error.lineno) in text for w in where), text
+
+
+def test_a_cell_that_does_not_compile_runs_no_cleanup(kip: InteractiveShell) -> None:
+    run(kip, "model = build()")
+    run(kip, "build()")  # held by Out[] only: the first thing a cleanup drops
+    held = kip.user_ns["Out"][kip.execution_count - 1]
+    result = kip.run_cell("%%fresh_model\nmodel = build()\nreturn 5", store_history=True)
+    assert isinstance(result.error_before_exec, SyntaxError)
+    assert kip.user_ns["Out"][kip.execution_count - 2] is held
+
+
+def test_a_cell_is_parsed_once_and_the_parse_is_not_kept(ip: InteractiveShell) -> None:
+    from kerasmagic.shellstate import state_of
+
+    state = state_of(ip)
+    assert state is not None
+    parses = []
+    real_parse = ip.compile.ast_parse
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        parses.append(args[0])
+        return real_parse(*args, **kwargs)
+
+    ip.compile.ast_parse = counted  # type: ignore[method-assign]
+    try:
+        fresh(ip, "parsed_once = 1")
+    finally:
+        del ip.compile.ast_parse
+    assert ip.user_ns["parsed_once"] == 1
+    body_parses = [p for p in parses if "parsed_once" in p and "run_cell_magic" not in p]
+    assert body_parses == ["\nparsed_once = 1\n"]
+    assert state.checked is None and state.transformed is None
+    ip.run_cell("%%fresh_model --bogus\nkept_parse = 1", store_history=True)  # refused line
+    assert state.checked is None and state.transformed is None
+
+
+def test_a_cell_being_typed_is_not_called_invalid(ip: InteractiveShell) -> None:
+    """Terminal IPython and Jupyter's is_complete ask while the user types: no SyntaxError yet."""
+    manager = ip.input_transformer_manager
+    assert manager.check_complete("%%fresh_model -q\nx = (1,\n")[0] == "incomplete"
+
+
+def test_an_isolated_cell_that_needs_ipython_is_refused_in_one_line(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The child is plain Python: a get_ipython() there failed late, with NameError."""
+    for body in ("shell = get_ipython()\nz = 1", "%time z = 1", "z = 1\nout = !echo hi"):
+        result = ip.run_cell(f"%%fresh_model --isolate\n{body}", store_history=True)
+        text = output(capsys)
+        assert text.startswith("UsageError: an isolated cell runs plain Python"), text
+        assert text.strip().count("\n") == 0 and "z" not in ip.user_ns
+        assert isinstance(result.error_in_exec, UsageError)
+
+
+@pytest.mark.slow
+def test_an_isolated_cell_may_import_get_ipython_itself(ip: InteractiveShell) -> None:
+    fresh(ip, "from IPython import get_ipython\nz = get_ipython()", "-q --isolate --outputs z")
+    assert ip.user_ns["z"] is None  # as in any plain Python process
+
+
+CYCLE_THAT_INTERRUPTS = """
+import gc, os, signal
+class Bomb:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # Python runs the SIGINT handler here
+            pass
+gc.disable()  # collected by the cleanup's gc.collect(), not before
+bomb = Bomb()
+bomb.me = bomb
+del bomb
+"""
+
+
+def test_a_ctrl_c_held_through_the_cleanup_shows_no_kerasmagic_frame(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(ip, CYCLE_THAT_INTERRUPTS)
+    try:
+        result = ip.run_cell("%%fresh_model -q\nz = 1", store_history=True)
+    finally:
+        run(ip, "gc.enable()")
+    text = output(capsys)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt) and "z" not in ip.user_ns
+    assert "kerasmagic" not in text and "held.py" not in text, text
+
+
 # --- C: bad magic lines ---------------------------------------------------------------------
 
 
@@ -342,3 +482,109 @@ def test_autograph_converts_lambdas_under_the_magic(kip: InteractiveShell) -> No
         )
     assert result.success and kip.user_ns["got"] == [0, 2, 4, 6]
     assert "could not transform" not in out.stdout + out.stderr
+
+
+# --- E: in a real kernel, no traceback shows kerasmagic -------------------------------------
+
+GOOD_CELLS = [
+    "for fold in range(2):\n    model = build()\n    model.fit(x, y, verbose=0)\n",
+    "def f(a, b=2):\n    return [a * b for _ in range(3)]\nz = f(1)\n",
+    "with open('f') as fh:\n    text = fh.read()\n",
+    "class A:\n    def m(self):\n        return {'k': (1, 2)}\n",
+    "z = lambda v: v ** 2\nprint(f'{z(3)}')\n",
+    "try:\n    import numpy as np\nexcept ImportError:\n    np = None\n",
+    "async def g():\n    await asyncio.sleep(0)\n",
+    "%time z = 1\nout = !echo hi\n",
+]
+BREAKS = [
+    *("(", ")", "[", "]", "{", ":", "'", '"', '"""', "\\", "\t", "\x00", "\n  ", "\n\t"),
+    *("return ", "break", "yield ", "def ", "lambda", "=", "**", "@", "async ", "else:"),
+    *("nonlocal q", ",", ".", "1a", "f'{", "global z\n", "*a = 1\n", "del 1\n"),
+]
+
+
+def refusal(body: str) -> str | None:
+    """Return the last line IPython shows for ``body`` under ``%%fresh_model`` if it does not
+    compile (computed here, from IPython's transform and Python's compiler), else None."""
+    compiler = CachingCompiler()  # IPython's own: its flags shape Python's messages
+    try:
+        code = TransformerManager().transform_cell(body)
+        with compiler.extra_flags(ast.PyCF_ALLOW_TOP_LEVEL_AWAIT):
+            compiler(compiler.ast_parse("\n" + code), "<cell>", "exec")
+    except SyntaxError as error:
+        return f"{type(error).__name__}: {error.msg}"
+    except (MemoryError, RecursionError, ValueError):
+        return "SyntaxError: too deeply nested"
+    return None
+
+
+def fuzzed_bad_bodies(rng: random.Random, count: int) -> list[str]:
+    """Good cells broken at random places (a bracket, a quote, an indent, a NUL byte, a
+    statement out of place, a character dropped): those that do not compile."""
+    bodies: list[str] = []
+    while len(bodies) < count:
+        body = rng.choice(GOOD_CELLS)
+        at = rng.randrange(len(body))
+        if rng.random() < 0.25:
+            body = body[:at] + body[at + rng.randint(1, 3) :]
+        else:
+            body = body[:at] + rng.choice(BREAKS) + body[at:]
+        if refusal(body) is not None:
+            bodies.append(body)
+    return bodies
+
+
+@pytest.mark.slow
+def test_no_bad_cell_shows_kerasmagic_in_a_real_kernel(tmp_path: Any) -> None:
+    """Fuzzed bodies that do not compile, a Ctrl-C held through the cleanup, one the cell sends
+    itself, one lost in a gc callback and a runtime error: each traceback shows the user's
+    lines, never kerasmagic's."""
+    bodies = [*BAD_BODIES.values(), *fuzzed_bad_bodies(random.Random(20), 150)]
+    interrupting = {
+        "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nz = 1": "KeyboardInterrupt",
+        INTERRUPT_IN_GC_CALLBACK: "KeyboardInterrupt",
+        "def f():\n    return 1 / 0\nf()": "ZeroDivisionError",
+    }
+    shown = 0
+    with real_kernel(str(tmp_path)) as (_, client):
+        kernel_cell(client, CYCLE_THAT_INTERRUPTS)  # a Ctrl-C held through the cleanup
+        reply, text = kernel_cell(client, "%%fresh_model -q\nz = 1")
+        kernel_cell(client, "gc.enable()")
+        assert reply["ename"] == "KeyboardInterrupt" and "kerasmagic" not in text, text
+        for body in bodies:
+            reply, text = kernel_cell(client, f"%%fresh_model -q\n{body}")
+            expected = refusal(body)
+            faultcounts.add("bad inputs")
+            faultcounts.add("raw tracebacks", "kerasmagic" in text or "Traceback" in text)
+            assert reply["status"] == "error" and expected is not None, body[:200]
+            assert "kerasmagic" not in text and "run_cell_magic" not in text, (body[:200], text)
+            assert ANSI.sub("", text).strip().splitlines()[-1].startswith(expected), text
+            shown += 1
+        for body, ename in interrupting.items():
+            for cell in (body, f"%%fresh_model -q\n{body}"):
+                reply, text = kernel_cell(client, cell)
+                assert reply["ename"] == ename and "kerasmagic" not in text, (cell, text)
+                shown += 1
+    assert shown == len(bodies) + 2 * len(interrupting)
+
+
+INTERRUPT_IN_GC_CALLBACK = """
+import gc, os, signal
+def _interrupt_once(phase, info, fired=[]):
+    if phase == "start" and not fired:
+        fired.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # Python runs the SIGINT handler here, inside the callback
+            pass
+gc.callbacks.append(_interrupt_once)
+try:
+    gc.collect()
+finally:
+    gc.callbacks.remove(_interrupt_once)
+"""
+
+
+def kernel_cell(client: Any, code: str) -> tuple[dict[str, Any], str]:
+    """Run ``code`` in the kernel; return its reply and what it showed, colours removed."""
+    reply, text = kernel_run_text(client, code)
+    return reply, ANSI.sub("", text)

@@ -24,10 +24,12 @@ from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 from tornado.ioloop import IOLoop
 
+from kerasmagic.cleanup import CleanupReport, reset
 from kerasmagic.cleanup.scan import DeepScan, deep_scan
 from kerasmagic.live import get_monitor
 from kerasmagic.snapshot import SCHEMA_VERSION, MemorySnapshot
 from kerasmagic.views.comm import MAX_ID_CHARS, MIN_PUSH_INTERVAL_S, PROTOCOL, TARGET, Sidebar
+from kerasmagic.views.commjobs import GATHER_S
 
 
 class RecordingComm(BaseComm):
@@ -202,7 +204,7 @@ def test_free_memory_from_another_thread_waits_for_the_main_thread(
         worker.start()
         worker.join()
         assert sidebar.sent("reply") == []  # queued, not run on the comm's thread
-        loop.run_sync(lambda: asyncio.sleep(0.05))
+        loop.run_sync(lambda: asyncio.sleep(GATHER_S + 0.1))
         (reply,) = sidebar.sent("reply")
         assert reply["id"] == "t"
     finally:
@@ -445,7 +447,7 @@ def test_a_scan_during_a_running_cell_is_answered_after_it(
         run(shell, "request_scans()\nseen = answered()\nimport numpy as np\nlate = np.ones(999)")
         assert shell.user_ns["seen"] == 0  # not answered during the cell
         assert opened.sent("reply", "error") == []  # queued on the main loop, not dropped
-        kernel_loop.run_sync(lambda: asyncio.sleep(0.05))
+        kernel_loop.run_sync(lambda: asyncio.sleep(GATHER_S + 0.1))
         replies = opened.sent("reply", "error")
         assert [(r["type"], r["id"]) for r in replies] == [
             ("reply", "during-1"),
@@ -454,3 +456,28 @@ def test_a_scan_during_a_running_cell_is_answered_after_it(
         assert runs == [True]  # one run, on the main thread, shared by both requests
         assert replies[0]["models"] == replies[1]["models"]
         assert {"name": "late", "type": "ndarray", "size_bytes": 999 * 8} in replies[0]["variables"]
+
+
+def test_free_requests_sent_together_share_one_cleanup_and_each_gets_its_reply(
+    shell: InteractiveShell, manager: Manager, kernel_loop: IOLoop
+) -> None:
+    """Over the main shell (no comm subshell) requests are read one at a time: each ran its own
+    cleanup, 50 clicks blocking the kernel for 50 cleanups."""
+    runs = []
+
+    def counted(namespace: Any, **kwargs: Any) -> CleanupReport:
+        runs.append(threading.current_thread() is threading.main_thread())
+        return reset(namespace, **kwargs)
+
+    with own_sidebar(shell, manager, cleanup=counted) as opened:
+        ids = [f"free-{i}" for i in range(50)]
+        for rid in ids:  # handled on the main thread, as the main shell handles comm messages
+            send(manager, {"protocol": 1, "type": "free_memory", "id": rid}, comm_id="own")
+        kernel_loop.run_sync(lambda: asyncio.sleep(GATHER_S + 0.2))
+        replies = opened.sent("reply", "error")
+        assert [(r["type"], r["id"]) for r in replies] == [("reply", rid) for rid in ids]
+        assert runs == [True]  # one cleanup, on the main thread
+        assert len({json.dumps(r["report"]) for r in replies}) == 1  # its result, shared
+        send(manager, {"protocol": 1, "type": "free_memory", "id": "later"}, comm_id="own")
+        kernel_loop.run_sync(lambda: asyncio.sleep(GATHER_S + 0.2))
+        assert opened.sent("reply")[-1]["id"] == "later" and runs == [True, True]  # a new run

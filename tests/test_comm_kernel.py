@@ -126,3 +126,32 @@ def test_a_scan_sent_during_a_cell_is_answered_after_it(frontend: Frontend) -> N
     _, reply = frontend.wait(lambda d: d.get("id") == "during-cell")
     assert (reply["type"], reply["request"]) == ("reply", "scan"), reply
     assert {"name": "late", "type": "ndarray", "size_bytes": 999 * 8} in reply["variables"]
+
+
+class MainShellFrontend(Frontend):
+    """A frontend without comm subshells (Notebook 7, older Lab): comms over the main shell."""
+
+    def _create_subshell(self) -> str:
+        return ""
+
+    def _send(self, msg_type: str, content: Message) -> None:
+        self.client.shell_channel.send(self.client.session.msg(msg_type, content))
+
+
+def test_free_requests_sent_at_once_over_the_main_shell_share_one_cleanup(tmp_path: Any) -> None:
+    """The main shell reads them one at a time: each ran a cleanup of its own, 50 in a row."""
+    with real_kernel(str(tmp_path)) as (_, client):
+        frontend = MainShellFrontend(client)
+        frontend.open()
+        ids = [f"free-{i}" for i in range(50)]
+        for rid in ids:
+            frontend.request("free_memory", rid)
+        replies: dict[str, Message] = {}
+        while len(replies) < len(ids):
+            _, data = frontend.wait(
+                lambda d: d.get("request") == "free_memory" or d["type"] == "error"
+            )
+            assert data["type"] == "reply", data
+            replies[data["id"]] = data
+        runs = {r["snapshot"]["time_s"] for r in replies.values()}
+        assert len(runs) == 1, f"{len(runs)} cleanups for {len(ids)} requests"

@@ -202,6 +202,7 @@ def test_ctrl_c_swallowed_by_a_librarys_bare_except_still_stops_the_cell(
     faultcounts.add("interrupts sent", 1)
     assert content["status"] == "error" and content["ename"] == "KeyboardInterrupt", text
     assert kernel_value(client, "ran") is False
+    assert "kerasmagic" not in text  # raised again by kerasmagic: its frames are not shown
 
 
 @pytest.mark.parametrize(
@@ -300,7 +301,7 @@ finally:
 def test_ctrl_c_lost_in_a_gc_callback_stops_a_kernel_cell(client: Any) -> None:
     content, text = kernel_run(client, INTERRUPT_IN_GC_CALLBACK)
     assert content["status"] == "error" and content["ename"] == "KeyboardInterrupt", text
-    assert "Exception ignored" not in text
+    assert "Exception ignored" not in text and "kerasmagic" not in text
     assert kernel_value(client, "reached") is False
 
 
@@ -315,3 +316,27 @@ def test_ctrl_c_in_tensorflows_dtype_max_stops_the_cell(client: Any, dtype_call:
     faultcounts.add("interrupts sent", 1)
     assert content["status"] == "error" and content["ename"] == "KeyboardInterrupt", text
     assert kernel_value(client, "ran") is False
+
+
+PRETEND = """
+import kerasmagic.interrupts.pyversions as _pyversions
+_pyversions.RUNNING, _pyversions._told = {running!r}, False
+get_ipython().run_line_magic("unload_ext", "kerasmagic")
+get_ipython().run_line_magic("load_ext", "kerasmagic")
+"""
+
+
+def test_on_a_python_not_checked_a_swallowed_ctrl_c_is_left_to_python(client: Any) -> None:
+    """The seam (``pyversions.RUNNING``) set to 3.14 in the kernel: one line at load, and a
+    Ctrl-C a library's bare except drops is dropped, as without kerasmagic."""
+    _, told = kernel_run(client, PRETEND.format(running=("cpython", (3, 14))))
+    swallowed, text = kernel_run(
+        client, "import swallower\nran = False\nswallower.swallow()\nran = True"
+    )
+    ran = kernel_value(client, "ran")
+    _, again = kernel_run(client, PRETEND.format(running=("cpython", (3, 11))))  # as it was
+    assert told.strip().startswith("kerasmagic: on cpython 3.14 a Ctrl-C that a library")
+    assert told.strip().count("\n") == 0 and again.strip() == ""
+    assert swallowed["status"] == "ok" and ran is True, text
+    content, text = kernel_run(client, "ran = False\nswallower.swallow()\nran = True")
+    assert content["ename"] == "KeyboardInterrupt", text  # checked again: raised again

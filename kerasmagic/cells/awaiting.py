@@ -9,12 +9,11 @@ ipykernel) and awaits the coroutine the magic returns. Other cells pass through 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from kerasmagic.cells.compiler import transformed_body
+from kerasmagic.cells.precheck import fresh_model_cell
 from kerasmagic.shellstate import ShellState
-
-MAGIC_LINE = re.compile(r"%%fresh_model(\s|$)")
 
 
 class AwaitTransformer:
@@ -24,18 +23,18 @@ class AwaitTransformer:
         self.shell = shell
 
     def __call__(self, lines: list[str]) -> list[str]:
-        if not lines or not MAGIC_LINE.match(lines[0]):
+        cell = fresh_model_cell(lines)
+        if cell is None:
             return lines
-        body = "".join(lines[1:])
+        first_line, body = cell
         if "await" not in body and "async" not in body:  # cheap test first: cells can be MBs
             return lines
         try:
-            transformed = self.shell.transform_cell(body)
+            transformed = transformed_body(self.shell, body)
         except (SyntaxError, ValueError):  # left as it is: the magic reports the error itself
             return lines
         if not self.shell.should_run_async(body, transformed_cell=transformed):
             return lines
-        _, _, first_line = lines[0][2:].rstrip().partition(" ")  # as IPython's cell_magic
         return [f"await get_ipython().run_cell_magic('fresh_model', {first_line!r}, {body!r})\n"]
 
 

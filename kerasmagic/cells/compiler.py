@@ -15,14 +15,16 @@ import ast
 import inspect
 import sys
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import CodeType
-from typing import Any
+from typing import Any, TypeVar
 
 from kerasmagic.cells.parse import Rebinding, assigned_in, rebinding_in
 from kerasmagic.shellstate import state_of
 
 MAX_CELLS = 256
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -48,15 +50,38 @@ class CompiledCell:
         return any(code.co_flags & inspect.CO_COROUTINE for code in codes)
 
 
+def cell_source(code: str, header: str) -> str:
+    """Return the source cached for a cell: the ``%%magic`` line as a comment, then ``code``.
+
+    AutoGraph and inspect parse that source (a lambda's code is found by parsing its whole
+    file), and "%%magic" is not Python.
+    """
+    return f"# {header}\n{code}" if header else code
+
+
+def transformed_body(shell: Any, body: str) -> str:
+    """Return ``shell.transform_cell(body)``, once per body (the checks and the magic share it).
+
+    IPython's transform costs seconds on a cell of megabytes; the input transformers and the
+    magic would otherwise each pay it again for the same body.
+    """
+    state = state_of(shell)
+    if state is not None and state.transformed is not None and state.transformed[0] == body:
+        return state.transformed[1]
+    code = str(shell.transform_cell(body))
+    if state is not None:
+        state.transformed = (body, code)
+    return code
+
+
 def compile_cell(shell: Any, code: str, header: str = "") -> CompiledCell:
     """Return the compiled cell for ``code`` (IPython-transformed source), reusing earlier ones.
 
     ``header`` (the ``%%magic`` line) is shown as line 1 in tracebacks, so line numbers match
     the notebook cell. Raise ``SyntaxError`` (naming the cell) if the code does not compile.
+    A cell ``cells.precheck`` parsed when IPython transformed it is not parsed again.
     """
-    # The header is a comment in the cached source: AutoGraph and inspect parse that source
-    # (a lambda's code is found by parsing its whole file), and "%%magic" is not Python.
-    source = f"# {header}\n{code}" if header else code
+    source = cell_source(code, header)
     number = cell_number(shell)
     state = state_of(shell)
     _cache: OrderedDict[str, CompiledCell] = OrderedDict() if state is None else state.compiled
@@ -65,7 +90,11 @@ def compile_cell(shell: Any, code: str, header: str = "") -> CompiledCell:
         _cache.move_to_end(source)
         _name_cell(shell, cached.filename, number)
         return cached
-    compiled = _compile(shell, source, code, number, offset=1 if header else 0)
+    checked = None if state is None else state.checked
+    if state is not None:
+        state.checked = None  # handed over once: a parsed cell of megabytes is large
+    tree = checked[1] if checked is not None and checked[0] == source else None
+    compiled = _compile(shell, source, code, number, offset=1 if header else 0, tree=tree)
     _cache[source] = compiled
     if len(_cache) > MAX_CELLS:
         _cache.popitem(last=False)
@@ -96,21 +125,50 @@ def _name_cell(shell: Any, filename: str, number: int) -> None:
         names[filename] = number
 
 
-def _compile(shell: Any, source: str, code: str, number: int, offset: int) -> CompiledCell:
+def extra_flags(shell: Any) -> int:
+    """Return the compile flags IPython adds for a cell: top-level ``await`` with autoawait."""
+    return ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if getattr(shell, "autoawait", False) else 0
+
+
+def _compile(
+    shell: Any, source: str, code: str, number: int, offset: int, tree: ast.Module | None
+) -> CompiledCell:
     compiler = shell.compile
     filename = compiler.cache(source, number)
-    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if getattr(shell, "autoawait", False) else 0
-    with compiler.extra_flags(flags):
+    with compiler.extra_flags(extra_flags(shell)):
         text = "\n" * offset + code
-        tree = compiler.ast_parse(text, filename)
+        if tree is None:
+            tree = compiling(filename, compiler.ast_parse, text, filename)
         rebinding, assigned = rebinding_in(tree), frozenset(assigned_in(tree))
         silenced = _ends_with_semicolon(text, tree)
-        tree = shell.transform_ast(tree)
+        module: Any = shell.transform_ast(tree)
         last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = compiler(ast.Expression(tree.body.pop().value), filename, "eval")
-        body = compiler(tree, filename, "exec")  # the shell's compiler keeps __future__ imports
+        if module.body and isinstance(module.body[-1], ast.Expr):
+            shown = ast.Expression(module.body.pop().value)
+            last = compiling(filename, compiler, shown, filename, "eval")
+        # the shell's compiler keeps __future__ imports
+        body = compiling(filename, compiler, module, filename, "exec")
     return CompiledCell(body, last, filename, rebinding, assigned, silenced)
+
+
+COMPILE_ERRORS = (SyntaxError, MemoryError, RecursionError, ValueError, OverflowError, TypeError)
+
+
+def compiling(filename: str, compile_fn: Callable[..., T], *args: Any) -> T:
+    """Return ``compile_fn(*args)``; raise what Python's compiler refuses as a ``SyntaxError``.
+
+    A parser out of stack raises ``MemoryError`` or ``RecursionError``, older Pythons a
+    ``ValueError`` for a NUL byte: IPython shows only a ``SyntaxError`` without its frames.
+    """
+    try:
+        return compile_fn(*args)
+    except SyntaxError:
+        raise
+    except COMPILE_ERRORS as error:
+        detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        if isinstance(error, (MemoryError, RecursionError)):
+            detail = f"too deeply nested for Python's compiler ({detail})"
+        raise SyntaxError(detail, (filename, None, None, None)) from None
 
 
 def _ends_with_semicolon(text: str, tree: ast.Module) -> bool:

@@ -14,6 +14,8 @@ import threading
 from types import FrameType
 from typing import Any
 
+from kerasmagic.interrupts.ownframes import shown_plain
+
 
 class held_interrupts:
     """Record SIGINT instead of raising it for the block (main thread only; elsewhere no-op).
@@ -47,10 +49,14 @@ class held_interrupts:
         """Give a held SIGINT to the handler it was held from (Python's default raises)."""
         if self.pending:
             self.pending = False
-            if callable(self.handler):
-                self.handler(_signal.SIGINT, None)
-            else:
-                raise KeyboardInterrupt
+            try:
+                if callable(self.handler):
+                    self.handler(_signal.SIGINT, None)
+                else:
+                    raise KeyboardInterrupt
+            except KeyboardInterrupt as error:
+                shown_plain(error)  # shown without this frame and the magic's
+                raise
 
 
 class _RaiseInterrupt(ast.NodeTransformer):

@@ -27,6 +27,8 @@ from types import CodeType, FrameType
 from typing import Any
 
 from kerasmagic.interrupts.held import interrupt_finished_cell
+from kerasmagic.interrupts.ownframes import shown_plain
+from kerasmagic.interrupts.pyversions import frames_checked
 from kerasmagic.interrupts.swallowed import InterruptWatch
 from kerasmagic.shellstate import ShellState
 
@@ -61,7 +63,7 @@ class KernelGuard:
             code = getattr(getattr(owner, "run_code", None), "__code__", None)
             if code is not None:
                 self._cell_code.add(code)
-        self._watch = InterruptWatch(self._cell_code)
+        self._watch = InterruptWatch(self._cell_code, enabled=frames_checked())
 
     def install(self) -> None:
         """Take over the kernel's handler hooks and put the opener and callbacks in place."""
@@ -131,7 +133,7 @@ class KernelGuard:
     def interrupt(self, signum: int, frame: FrameType | None) -> None:
         """SIGINT while the cell's code runs: raise ``KeyboardInterrupt``, and follow it."""
         __tracebackhide__ = True  # read by IPython's traceback formatter
-        error = KeyboardInterrupt()
+        error = shown_plain(KeyboardInterrupt())
         self._watch.arm(frame if frame is not None else sys._getframe(1), error)
         raise error
 

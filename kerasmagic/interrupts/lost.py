@@ -21,6 +21,8 @@ import threading
 from types import FrameType
 from typing import Any
 
+from kerasmagic.interrupts.ownframes import shown_plain
+from kerasmagic.interrupts.pyversions import frames_checked
 from kerasmagic.interrupts.swallowed import following
 from kerasmagic.shellstate import ShellState
 
@@ -51,7 +53,7 @@ class RaiseInFrame:
             sys.settrace(None)
         frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes = self._saved
         self._frame = None
-        raise KeyboardInterrupt
+        raise shown_plain(KeyboardInterrupt())
 
 
 def interrupted_frame(unraisable: Any) -> FrameType | None:
@@ -100,8 +102,11 @@ _shells: set[int] = set()  # shells that loaded the extension: the hook stays wh
 
 
 def load(state: ShellState) -> None:
-    """Put the hook in place (once per process, whatever number of shells load the extension)."""
+    """Put the hook in place (once per process, whatever number of shells load the extension),
+    on the Pythons its frame reading was checked on."""
     global _hook
+    if not frames_checked():
+        return
     _shells.add(id(state.shell))
     if _hook is None:
         _hook = RedeliverInterrupts(sys.unraisablehook)

@@ -72,8 +72,9 @@ def _opcode(frame: FrameType, offset: int | None = None) -> int:
 class InterruptWatch:
     """Follows one ``KeyboardInterrupt`` through the frames it was raised in."""
 
-    def __init__(self, stop_at: set[CodeType]) -> None:
+    def __init__(self, stop_at: set[CodeType], enabled: bool = True) -> None:
         self._stop_at = stop_at  # IPython's run_code: the cell's error handling, where it ends
+        self._enabled = enabled  # off on a Python its opcode reading was not checked on
         self._error: BaseException | None = None
         self._watched: dict[FrameType, tuple[Any, bool, bool]] = {}  # frame -> its trace settings
         self._handling: set[FrameType] = set()  # frames running an except block for it
@@ -93,8 +94,8 @@ class InterruptWatch:
         while frame is not None and frame.f_code not in self._stop_at:
             frames.append(frame)
             frame = frame.f_back
-        if frame is None or not frames or sys.gettrace() is not None:
-            return  # not inside a cell, or a debugger traces: raise as Python does
+        if frame is None or not frames or sys.gettrace() is not None or not self._enabled:
+            return  # not inside a cell, a debugger traces, or off: raise as Python does
         self._error, self._outermost, self.raised_again = error, frames[-1], 0
         for watched in frames:
             self._watched[watched] = (

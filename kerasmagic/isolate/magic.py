@@ -7,6 +7,7 @@ leaves every variable as it was. Nothing here imports TensorFlow.
 
 from __future__ import annotations
 
+import ast
 import keyword
 import math
 import pickle
@@ -16,6 +17,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
+from kerasmagic.cells.compiler import transformed_body
 from kerasmagic.isolate._child import exec_cell
 from kerasmagic.isolate.api import gpu_spec
 from kerasmagic.isolate.outcome import Outcome, unwrap
@@ -37,15 +39,37 @@ def _inputs(user_ns: dict[str, Any], names: list[str]) -> dict[str, Any]:
     return {n: user_ns[n] for n in names}
 
 
-def _check(args: Any, cell: str, code: str) -> None:
+def _needs_ipython(code: str) -> bool:
+    """Return whether ``code`` (IPython-transformed) uses ``get_ipython`` without binding it: a
+    ``%magic`` or ``!command`` line, or a call of the user's own. The child has no such name."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):  # the child reports it, as Python would
+        return False
+    used = bound = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "get_ipython":
+            used = used or isinstance(node.ctx, ast.Load)
+            bound = bound or not isinstance(node.ctx, ast.Load)
+        elif isinstance(node, ast.alias):
+            bound = bound or (node.asname or node.name) == "get_ipython"
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            bound = bound or node.name == "get_ipython"
+    return used and not bound
+
+
+def _check(args: Any, code: str) -> None:
     """Refuse bad flags with one line."""
     from kerasmagic.isolate.ray_backend import check_on
 
     timeout = args.timeout
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise UsageError(f"--timeout must be a positive, finite number of seconds, not {timeout}")
-    if "get_ipython()" in code and "get_ipython" not in cell:
-        raise UsageError("an isolated cell runs plain Python: remove %magics and !commands")
+    if _needs_ipython(code):
+        raise UsageError(
+            "an isolated cell runs plain Python in a fresh process, without IPython: "
+            "remove its %magics, !commands and get_ipython() calls"
+        )
     if args.on is not None:
         try:
             check_on(args.on)
@@ -85,8 +109,8 @@ def _hint(outcome: Outcome, user_ns: dict[str, Any]) -> None:
 
 def run_cell_isolated(shell: Any, args: Any, cell: str) -> Any:
     """Run ``cell`` in a fresh process; bind ``--outputs``; return its last expression's value."""
-    code = shell.transform_cell(cell)
-    _check(args, cell, code)
+    code = transformed_body(shell, cell)
+    _check(args, code)
     outputs = _names(args.outputs, "outputs")
     inputs = _inputs(shell.user_ns, _names(args.inputs, "inputs"))
     try:

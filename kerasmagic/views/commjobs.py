@@ -2,8 +2,15 @@
 
 "Free memory" and "Scan" walk the garbage collector and touch the user's namespace, so they
 never run on a comm's subshell thread while a cell runs: they are queued on the kernel's main
-event loop and run after the cell. A request that arrives while a run is pending joins it, and
-every request gets an answer: the run's reply, or an error naming what it raised.
+event loop and run after the cell. A request that arrives while a run is queued or running
+joins it, and every request gets an answer with its own id: the run's reply, or an error
+naming what it raised.
+
+In a kernel a run starts ``GATHER_S`` after the first request, not at once: requests sent
+together (clicks, several sidebars, a frontend resending) reach the kernel one by one, and
+over the main shell (a frontend without comm subshells) each was read only after the run the
+one before it started had ended, so 50 of them ran 50 cleanups, one after another, each
+blocking the kernel (9.8 s). Waiting that short while on the idle loop lets them all join.
 """
 
 from __future__ import annotations
@@ -19,13 +26,19 @@ log = logging.getLogger(__name__)
 Answer = Callable[[Any, dict[str, Any]], None]  # (comm, message) -> sent
 
 
-def on_main_thread(shell: Any, fn: Callable[[], None]) -> None:
-    """Run ``fn`` now on the main thread, else queue it there (after the running cell)."""
+GATHER_S = 0.05  # a kernel's run waits this long for requests sent with the first one
+
+
+def on_main_thread(shell: Any, fn: Callable[[], None], delay_s: float = 0.0) -> None:
+    """Run ``fn`` on the kernel's main event loop ``delay_s`` from now (after the running cell);
+    without a kernel (an in-process shell), run it now."""
     loop = getattr(getattr(shell, "kernel", None), "io_loop", None)
-    if threading.current_thread() is threading.main_thread() or loop is None:
+    if loop is None:
         fn()
+    elif threading.current_thread() is threading.main_thread():
+        loop.call_later(delay_s, fn)
     else:
-        loop.add_callback(fn)
+        loop.add_callback(loop.call_later, delay_s, fn)  # add_callback: the thread-safe one
 
 
 class MainThreadJob:
@@ -47,7 +60,7 @@ class MainThreadJob:
             if self._pending:
                 return
             self._pending = True
-        on_main_thread(self._shell, self._run)
+        on_main_thread(self._shell, self._run, GATHER_S)
 
     def _run(self) -> None:
         fields: dict[str, Any] = {"error": f"{self._name} was interrupted"}

@@ -1,0 +1,73 @@
+"""The Ctrl-C code that reads opcodes and frames runs only on the Pythons it was checked on.
+
+``kerasmagic.interrupts.pyversions.RUNNING`` is the seam: set to a Python it was not checked
+on, loading the extension says so in one line and leaves lost interrupts to Python, in a real
+shell (and, in ``tests/test_kernelguard.py``, in a real kernel).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from kerasmagic.interrupts import pyversions
+
+INTERRUPT_IN_GC_CALLBACK = """
+import gc, os, signal
+def _interrupt_once(phase, info, fired=[]):
+    if phase == "start" and not fired:
+        fired.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # Python runs the SIGINT handler here, inside the callback
+            pass
+gc.callbacks.append(_interrupt_once)
+try:
+    gc.collect()
+    reached = True
+finally:
+    gc.callbacks.remove(_interrupt_once)
+"""
+
+
+def test_this_python_is_one_the_frame_code_was_checked_on() -> None:
+    assert pyversions.unchecked() is None
+    assert sys.version_info[:2] in pyversions.CHECKED
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # Python's own
+def test_another_python_gets_one_line_and_python_s_own_behaviour(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, ip: InteractiveShell
+) -> None:
+    ip.run_line_magic("unload_ext", "kerasmagic")
+    pythons_hook = sys.unraisablehook
+    monkeypatch.setattr(pyversions, "RUNNING", ("cpython", (3, 14)))
+    monkeypatch.setattr(pyversions, "_told", False)
+    try:
+        with caplog.at_level(logging.WARNING, logger=pyversions.__name__):
+            ip.run_line_magic("load_ext", "kerasmagic")
+            ip.run_line_magic("unload_ext", "kerasmagic")
+            ip.run_line_magic("load_ext", "kerasmagic")  # told once per process
+        (line,) = [r.getMessage() for r in caplog.records]
+        assert line.startswith("kerasmagic: on cpython 3.14 a Ctrl-C that a library swallows")
+        assert "checked on CPython 3.11 to 3.13 only" in line and "\n" not in line
+        assert sys.unraisablehook is pythons_hook  # no lost-interrupt hook
+        result = ip.run_cell(INTERRUPT_IN_GC_CALLBACK, store_history=True)
+        assert result.success and ip.user_ns["reached"] is True  # dropped, as Python drops it
+    finally:
+        ip.run_line_magic("unload_ext", "kerasmagic")
+        monkeypatch.undo()
+        ip.run_line_magic("load_ext", "kerasmagic")
+    result = ip.run_cell(INTERRUPT_IN_GC_CALLBACK, store_history=True)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)  # checked here: raised again
+
+
+@pytest.mark.parametrize("running", [("pypy", (3, 11)), ("cpython", (3, 10))])
+def test_other_implementations_and_versions_are_unchecked(
+    monkeypatch: pytest.MonkeyPatch, running: tuple[str, tuple[int, int]]
+) -> None:
+    monkeypatch.setattr(pyversions, "RUNNING", running)
+    line = pyversions.unchecked()
+    assert line is not None and f"on {running[0]} " in line
