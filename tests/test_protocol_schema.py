@@ -102,7 +102,7 @@ def test_what_real_objects_send_is_what_the_schema_declares(
     ]
     models, variables = live_models(kip.user_ns), largest_variables(kip.user_ns)
     found += [(models[0], vars(models[0])), (variables[0], vars(variables[0]))]
-    oom = explain_oom(kip, _tf_oom())  # TensorFlow's own error, with the message its allocator writes
+    oom = explain_oom(kip, _tf_oom())  # TF's own error, as its allocator words it
     assert oom is not None
     found.append((oom.facts, oom.facts.to_dict()))
     gpu = take_snapshot()
