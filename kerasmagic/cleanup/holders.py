@@ -93,6 +93,13 @@ def _dict_owner(attrs: dict[Any, Any], skip: set[int]) -> str:
     return "a dict outside the namespace (a module global or object attribute)"
 
 
+def _refers_directly(holder: Any, obj: Any) -> bool:
+    """Return whether ``holder`` itself (not through a dict) refers to ``obj``. A function of
+    its own: a generator over ``obj`` in ``referrer_kinds`` would make ``obj`` a closure cell
+    there, one more referrer of it."""
+    return any(ref is obj for ref in gc.get_referents(holder))
+
+
 def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> list[str]:
     """Describe what refers to ``obj`` when no namespace path does (slow; survivors only).
 
@@ -117,6 +124,8 @@ def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> li
             kinds.append(f"a {_type_name(kind)} outside the namespace")
         elif kind is pytypes.CellType:
             kinds.append("a function closure")
+        elif _refers_directly(ref, obj):  # inline attributes (Python 3.13), slots
+            kinds.append(f"an attribute of a {_type_name(kind)} object")
         else:
             kinds.append(f"a {_type_name(kind)}")
         if len(kinds) >= limit:
