@@ -102,7 +102,7 @@ def test_a_failing_read_walk_keeps_the_names_it_had_not_decided(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Whatever goes wrong in the walk, the cell still runs and nothing undecided is dropped."""
-    import kerasmagic.cells.reads as globalreads
+    import kerasmagic.walk.reads as globalreads
 
     def broken(code: object) -> frozenset[str]:
         raise RuntimeError("an object no walk foresaw")

@@ -28,6 +28,9 @@ PATH_VISITS = 200_000  # objects a path search looks at before it gives up
 REACH_VISITS = 2_000_000  # objects the kept-names walk looks at; past this it is incomplete
 SMALL_ARRAY = 10_000  # NumPy object arrays up to this size are walked item by item
 OWN_VISITS = 200_000  # objects of one model's own graph looked at (a Keras model: ~5,000)
+READS_VISITS = 50_000  # objects the rebinding rule's reads walk looks at per cell
+READS_ITEMS = 256  # items of one container it looks at
+READS_NESTING = 4  # containers inside containers it follows
 
 # Never walked into: everything shares them (a function's globals are the namespace itself).
 OPAQUE: tuple[type, ...] = (
