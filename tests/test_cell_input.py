@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import random
 import re
+import sys
 import time
 import weakref
 from typing import Any
@@ -312,6 +313,17 @@ def test_an_isolated_cell_that_needs_ipython_is_refused_in_one_line(
         assert text.startswith("UsageError: an isolated cell runs plain Python"), text
         assert text.strip().count("\n") == 0 and "z" not in ip.user_ns
         assert isinstance(result.error_in_exec, UsageError)
+
+
+def test_isolate_without_cloudpickle_says_what_to_install_in_one_line(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "cloudpickle", None)  # as if not installed
+    ip.user_ns["z"] = "kept"
+    result = ip.run_cell("%%fresh_model --isolate --outputs z\nz = 1", store_history=True)
+    text = output(capsys)
+    assert text == "UsageError: --isolate needs cloudpickle: pip install 'kerasmagic[isolate]'\n"
+    assert isinstance(result.error_in_exec, UsageError) and ip.user_ns["z"] == "kept"
 
 
 @pytest.mark.slow

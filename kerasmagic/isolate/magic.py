@@ -8,6 +8,7 @@ leaves every variable as it was. Nothing here imports TensorFlow.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import keyword
 import math
 import pickle
@@ -111,6 +112,8 @@ def run_cell_isolated(shell: Any, args: Any, cell: str) -> Any:
     """Run ``cell`` in a fresh process; bind ``--outputs``; return its last expression's value."""
     code = transformed_body(shell, cell)
     _check(args, code)
+    if importlib.util.find_spec("cloudpickle") is None:
+        raise UsageError("--isolate needs cloudpickle: pip install 'kerasmagic[isolate]'")
     outputs = _names(args.outputs, "outputs")
     inputs = _inputs(shell.user_ns, _names(args.inputs, "inputs"))
     try:
