@@ -25,6 +25,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 from jupyter_client.manager import start_new_kernel
+from shared_cells import INTERRUPT_IN_GC_CALLBACK
 
 from kerasmagic.cells.awaiting import AwaitTransformer
 from kerasmagic.cells.parse import rebound_names
@@ -578,22 +579,6 @@ def test_no_bad_cell_shows_kerasmagic_in_a_real_kernel(tmp_path: Any) -> None:
                 assert reply["ename"] == ename and "kerasmagic" not in text, (cell, text)
                 shown += 1
     assert shown == len(bodies) + 2 * len(interrupting)
-
-
-INTERRUPT_IN_GC_CALLBACK = """
-import gc, os, signal
-def _interrupt_once(phase, info, fired=[]):
-    if phase == "start" and not fired:
-        fired.append(1)
-        os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(1000):  # Python runs the SIGINT handler here, inside the callback
-            pass
-gc.callbacks.append(_interrupt_once)
-try:
-    gc.collect()
-finally:
-    gc.callbacks.remove(_interrupt_once)
-"""
 
 
 def kernel_cell(client: Any, code: str) -> tuple[dict[str, Any], str]:

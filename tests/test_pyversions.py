@@ -12,24 +12,9 @@ import sys
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
+from shared_cells import INTERRUPT_IN_GC_CALLBACK
 
 from kerasmagic.interrupts import pyversions
-
-INTERRUPT_IN_GC_CALLBACK = """
-import gc, os, signal
-def _interrupt_once(phase, info, fired=[]):
-    if phase == "start" and not fired:
-        fired.append(1)
-        os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(1000):  # Python runs the SIGINT handler here, inside the callback
-            pass
-gc.callbacks.append(_interrupt_once)
-try:
-    gc.collect()
-    reached = True
-finally:
-    gc.callbacks.remove(_interrupt_once)
-"""
 
 
 def test_this_python_is_one_the_frame_code_was_checked_on() -> None:

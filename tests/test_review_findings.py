@@ -6,6 +6,7 @@ import gc
 
 from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
+from shared_cells import TRAIN_STEP
 
 from kerasmagic.cleanup.loops import Freezer
 
@@ -31,26 +32,15 @@ def test_a_users_own_gc_freeze_survives_a_loop_cell(kip: InteractiveShell) -> No
         gc.unfreeze()
 
 
-STEP = """
-@tf.function
-def train_step(model, opt, x, y):
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, model(x), True))
-    grads = tape.gradient(loss, model.trainable_variables)
-    opt.apply_gradients(zip(grads, model.trainable_variables))
-    return loss
-
-def fresh_pair(units=8):
-    m = keras.Sequential([keras.Input((20,)), keras.layers.Dense(units, activation="relu"),
-                          keras.layers.Dense(2)])
-    o = keras.optimizers.Adam()
-    o.build(m.trainable_variables)
-    return m, o
+STEP = (
+    TRAIN_STEP
+    + """
 
 class Trainer:
     def __init__(self, step):
         self.step = step
 """
+)
 
 
 def test_a_tf_function_in_an_attribute_of_a_kept_object_forgets_dropped_models(

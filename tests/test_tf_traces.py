@@ -12,24 +12,9 @@ from IPython.core.interactiveshell import InteractiveShell
 from kerasmagic.backends.tensorflow.graph import custom_gradient_count
 from kerasmagic.backends.tensorflow.traces import clear_stale_traces
 from tests.conftest import run
+from tests.shared_cells import TRAIN_STEP
 
-STEP = """
-@tf.function
-def train_step(model, opt, x, y):
-    with tf.GradientTape() as tape:
-        logits = model(x)
-        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, True))
-    grads = tape.gradient(loss, model.trainable_variables)
-    opt.apply_gradients(zip(grads, model.trainable_variables))
-    return loss
-
-def fresh_pair(units=8):
-    m = keras.Sequential([keras.Input((20,)), keras.layers.Dense(units, activation="relu"),
-                          keras.layers.Dense(2)])
-    o = keras.optimizers.Adam()
-    o.build(m.trainable_variables)
-    return m, o
-"""
+STEP = TRAIN_STEP
 LOOP = """%%fresh_model -q
 model, opt = fresh_pair()
 for _ in range(2):

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
+from shared_cells import INTERRUPT_IN_GC_CALLBACK
 
 import kerasmagic.live.monitor as live_module
 from kerasmagic.live import get_monitor
@@ -500,25 +501,6 @@ def test_ctrl_c_in_the_post_cell_hook(ip: InteractiveShell, capsys: Any) -> None
     assert "Error in callback" not in capsys.readouterr().out
     assert not monitor.sampler._running_cell
     assert monitor.history()[-1].execution_count == result.execution_count
-
-
-INTERRUPT_IN_GC_CALLBACK = """
-import gc, os, signal
-
-def _interrupt_once(phase, info, fired=[]):
-    if phase == "start" and not fired:
-        fired.append(1)
-        os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(1000):  # Python runs the SIGINT handler here, inside the callback
-            pass
-
-gc.callbacks.append(_interrupt_once)
-try:
-    gc.collect()
-    reached = True
-finally:
-    gc.callbacks.remove(_interrupt_once)
-"""
 
 
 def test_ctrl_c_landing_in_a_gc_callback_still_stops_a_plain_cell(
