@@ -26,7 +26,7 @@ PARTS: tuple[tuple[str, str], ...] = (
     ("check", "kerasmagic.cells.precheck"),  # refuses a body that does not compile: first
     ("await", "kerasmagic.cells.awaiting"),
     ("lost_interrupts", "kerasmagic.interrupts.lost"),
-    ("gradmode", "kerasmagic.interrupts.gradmode"),
+    ("modes", "kerasmagic.interrupts.modes"),
     ("kernelguard", "kerasmagic.interrupts.kernelguard"),  # last: its callbacks run after all
 )
 log = logging.getLogger(__name__)

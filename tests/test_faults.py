@@ -20,7 +20,7 @@ from conftest import kernel_value as value
 from conftest import real_kernel
 from jupyter_client.manager import KernelManager
 
-from kerasmagic.interrupts import gradmode
+from kerasmagic.interrupts import modes
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +110,8 @@ def interrupt_fits(km: KernelManager, client: Any, window: tuple[float, float]) 
             # SIGINT inside TensorFlow's C code can surface as its SystemError: the cell still
             # stopped, at TensorFlow's frame, not kerasmagic's.
             assert content["ename"] == "SystemError" and "keras/src" in text, text
-        said = text.replace(gradmode.RESTORED, "")  # PyTorch's gradients turned back on: news
+        # PyTorch's gradients or TensorFlow's eager mode turned back on: news, not noise
+        said = text.replace(modes.RESTORED, "").replace(modes.RESTORED_EAGER, "")
         noisy += "Error in callback" in said or "kerasmagic:" in said
         if content["status"] == "ok" or any(m in text for m in KERASMAGIC_ERRORS[:3]):
             print(f"\ninterrupt after {delay:.3f} s: {content['status']}\n{text[-1500:]}")

@@ -651,3 +651,59 @@ def test_a_ctrl_c_inside_no_grad_enter_leaves_gradients_on(
     ip.run_cell("1 / 0")  # it was off before this cell: a failing cell leaves it off
     assert not torch.is_grad_enabled()
     torch.set_grad_enabled(True)
+
+
+# -- TensorFlow's eager mode after a Ctrl-C in the finally that leaves graph mode ----------
+def _interrupt_as_tf_leaves_graph_mode() -> Any:
+    """A trace function that raises KeyboardInterrupt where a Ctrl-C can land: in
+    ``Context._mode``'s ``finally``, before ``ctx.is_eager = old_is_eager``, as ``fit``'s first
+    call finishes tracing its train step (the state CI met after a random Ctrl-C)."""
+    import inspect
+
+    from tensorflow.python.eager import context
+
+    mode = inspect.unwrap(context.Context._mode)
+    lines, first = inspect.getsourcelines(mode)
+    target = first + next(i for i, s in enumerate(lines) if "ctx.is_eager = old_is_eager" in s)
+    fired: list[int] = []
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        graph = frame.f_locals.get("mode") == context.GRAPH_MODE
+        if event == "line" and frame.f_lineno == target and graph and not fired:
+            fired.append(1)
+            raise KeyboardInterrupt
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code is mode.__code__ else None
+
+    return tracer
+
+
+def test_a_ctrl_c_as_tensorflow_leaves_graph_mode_leaves_it_eager(
+    kip: InteractiveShell, capsys: Any
+) -> None:
+    import tensorflow as tf
+
+    kip.user_ns["tracer"] = _interrupt_as_tf_leaves_graph_mode()
+    cell = "import sys\nsys.settrace(tracer)\ntry:\n    build().fit(x, y, verbose=0)\nfinally:\n"
+    result = kip.run_cell(cell + "    sys.settrace(None)", store_history=True)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    # Only a broken mode is put back and said: the line proves TF was left in graph mode.
+    assert "left it there; eager execution is on again" in capsys.readouterr().out
+    assert tf.executing_eagerly()
+    run(kip, "model = build()\nmodel.fit(x, y, verbose=0)")  # before: RuntimeError, every time
+    run(kip, "%%fresh_model -q\nmodel = build()\nmodel.fit(x, y, verbose=0)")
+
+
+def test_a_failed_cell_inside_a_graph_it_entered_is_left_as_it_is(
+    kip: InteractiveShell, capsys: Any
+) -> None:
+    """Both stacks deeper than before: a block still open (here the user's own) undoes itself."""
+    import tensorflow as tf
+
+    result = kip.run_cell("g = tf.Graph()\nentered = g.as_default()\nentered.__enter__()\n1 / 0")
+    assert isinstance(result.error_in_exec, ZeroDivisionError)
+    assert not tf.executing_eagerly() and "eager execution is on" not in capsys.readouterr().out
+    run(kip, "entered.__exit__(None, None, None)")
+    assert tf.executing_eagerly()

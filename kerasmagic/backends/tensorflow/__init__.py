@@ -3,7 +3,8 @@
 The TensorFlow internals live beside this module: ``alloc`` (allocator per device), ``graph``
 (default graph, gradient registry, function library), ``config`` (growth / memory cap),
 ``purge`` (custom-gradient registry), ``traces`` (tf.function traces of dropped models),
-``stack`` + ``tracetree`` (string op stack traces) and ``traced`` (a model's traced graphs).
+``stack`` + ``tracetree`` (string op stack traces), ``traced`` (a model's traced graphs) and
+``mode`` (the main thread's eager mode, put back after an interrupt left it in graph mode).
 """
 
 from __future__ import annotations
