@@ -6,7 +6,9 @@ one; TensorFlow and Keras keep weakref callbacks) cannot propagate: Python hands
 its end. While the extension is loaded, kerasmagic's hook raises it again in the code that was
 interrupted: the frame that was running when the callback started gets ``KeyboardInterrupt`` at
 its next opcode, through a one-shot trace function on that frame alone (``sys.settrace``), as a
-Ctrl-C that had not met a callback would. Callbacks still to run in the same collection are
+Ctrl-C that had not met a callback would. When the kernel guard is following that interrupt
+(``swallowed.py``), it raises it there itself and goes on following it: a library's bare
+``except:`` around the code cannot drop it then. Callbacks still to run in the same collection are
 left alone (their frames are new ones, not traced). Re-arming the signal instead would raise
 inside this hook, or inside the next callback, and be lost again.
 
@@ -79,8 +81,9 @@ class RedeliverInterrupts:
         exc_type = getattr(unraisable, "exc_type", None)
         is_interrupt = isinstance(exc_type, type) and issubclass(exc_type, KeyboardInterrupt)
         watch = following() if self.active and is_interrupt else None
-        if watch is not None:
-            watch.disarm()  # lost, not caught: raised below in the code the callback left
+        if watch is not None and watch.redeliver(interrupted_frame(unraisable)):
+            self.redelivered += 1  # raised in the code the callback left, still followed
+            return
         if (
             self.active
             and is_interrupt

@@ -18,6 +18,12 @@ nesting"). Code of the user's (a cell, a function defined in one, a module outsi
 installed packages) that catches it is left alone, and so is a library's ``except
 KeyboardInterrupt:`` (IPython's ``!cmd`` stops the command and goes on, as it does without
 kerasmagic). With a debugger or coverage tracing the kernel, nothing is followed.
+
+Raising from a trace function switches tracing off (CPython does so for any tracer that raises),
+so while the interrupt is followed a profile function (``sys.setprofile``, called at every call
+and return) switches it on again: an interrupt raised again and caught by a second bare
+``except:`` further up is followed as well. Under a profiler (``%prun``) it is followed up to the
+first raise only.
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ def is_library(code: CodeType) -> bool:
 def _names_interrupt(frame: FrameType) -> bool:
     """Return whether the frame's line is an ``except`` clause naming ``KeyboardInterrupt``
     (IPython's ``!cmd``, a sweep returning what finished): a library catching it on purpose."""
+    if frame.f_lineno is None:  # code Python added (a ``finally``'s copy): no line to read
+        return False
     line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
     return line.startswith("except") and "KeyboardInterrupt" in line
 
@@ -80,6 +88,8 @@ class InterruptWatch:
         self._handling: set[FrameType] = set()  # frames running an except block for it
         self._deliberate: set[FrameType] = set()  # ... one that names KeyboardInterrupt
         self._pending: dict[FrameType, int] = {}  # went on without it -> last offset run
+        self._now: set[FrameType] = set()  # lost in a callback it called: raise at next opcode
+        self._profiled = False  # the profile function that revives tracing is in place
         self._outermost: FrameType | None = None
         self.raised_again = 0
 
@@ -106,6 +116,9 @@ class InterruptWatch:
             watched.f_trace_lines, watched.f_trace_opcodes = True, False
             watched.f_trace = self._local
         sys.settrace(self._new_frame)  # tracing on: the watched frames' own f_trace is called
+        self._profiled = sys.getprofile() is None  # else a profiler's: leave it alone
+        if self._profiled:
+            sys.setprofile(self._revive)
 
     def disarm(self) -> None:
         """Stop following: frames get their trace settings back, the tracer goes."""
@@ -113,22 +126,57 @@ class InterruptWatch:
             return
         if sys.gettrace() == self._new_frame:
             sys.settrace(None)
+        if sys.getprofile() == self._revive:
+            sys.setprofile(None)
         for frame, (trace, lines, opcodes) in self._watched.items():
             frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes = trace, lines, opcodes
         self._watched.clear()
         self._handling.clear()
         self._deliberate.clear()
         self._pending.clear()
+        self._now.clear()
         self._error = self._outermost = None
+        self._profiled = False
+
+    def redeliver(self, frame: FrameType | None) -> bool:
+        """Raise the interrupt in ``frame`` at its next opcode, still followed (a finalizer or
+        gc callback that ``frame`` set off lost it); return False, disarmed, if ``frame`` is not
+        one of the followed frames."""
+        if self._error is None or frame not in self._watched:
+            self.disarm()
+            return False
+        self._revive(frame, "redeliver", None)
+        self._pending.pop(frame, None)
+        self._now.add(frame)
+        frame.f_trace_opcodes = True
+        return True
 
     def _new_frame(self, frame: FrameType, event: str, arg: object) -> None:
         return None  # frames called from now on are not traced
+
+    def _revive(self, frame: FrameType, event: str, arg: Any) -> None:
+        """Profile function while following: after a raise switched tracing off, switch it on
+        again at the next call or return (and give a watched frame's return to the tracer)."""
+        __tracebackhide__ = True
+        if self._error is None or sys.gettrace() is not None:
+            return
+        sys.settrace(self._new_frame)
+        for watched in self._watched:
+            if watched.f_trace is None:  # cleared by CPython in the frame the raise came from
+                watched.f_trace = self._local
+        if event == "return" and frame in self._watched:
+            self._local(frame, event, arg)
 
     def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
         __tracebackhide__ = True  # read by IPython's traceback formatter
         error = self._error
         if error is None or frame not in self._watched:
             return None
+        if self._profiled and sys.getprofile() is None:  # a raise from it switched it off
+            sys.setprofile(self._revive)
+        if frame in self._now and event in ("line", "opcode"):
+            self._now.discard(frame)
+            self._raise_again()
         if event == "exception":
             value = arg[1]
             if value is error:
@@ -185,6 +233,7 @@ class InterruptWatch:
         self._handling.discard(frame)
         self._deliberate.discard(frame)
         self._pending.pop(frame, None)
+        self._now.discard(frame)
         frame.f_trace = None
 
     def _raise_again(self) -> None:
@@ -196,10 +245,14 @@ class InterruptWatch:
             return
         self._handling.clear()
         self._pending.clear()
-        raise error
+        self._now.clear()
+        raise error  # CPython switches tracing off: _revive switches it on again
 
 
 def following() -> InterruptWatch | None:
     """Return the watch following an interrupt in this thread, if any."""
-    watch = getattr(sys.gettrace(), "__self__", None)
-    return watch if isinstance(watch, InterruptWatch) else None
+    for hook in (sys.gettrace(), sys.getprofile()):  # the tracer is off just after a raise
+        watch = getattr(hook, "__self__", None)
+        if isinstance(watch, InterruptWatch):
+            return watch
+    return None
