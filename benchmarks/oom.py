@@ -11,6 +11,10 @@ TF's GPU allocator is put on the CPU (``TF_CPU_ALLOCATOR_USE_BFC=true``,
 2. A model that fits, one too big (an out-of-memory error while it is built), then the one that
    fitted, three times: by hand, and as ``%%fresh_model`` cells. Whether each fits, and the
    allocator after each.
+3. The same with a batch too big for ``fit`` (the error inside fit's traced train step). TF's
+   CPU build runs such a step in oneDNN's kernels, and TF 2.21's capped CPU allocator crashes
+   the process when one runs out, so this kernel runs with ``TF_ENABLE_ONEDNN_OPTS=0`` (TF's own
+   kernels, which raise as on a GPU).
 
 Writes ``benchmarks/results/oom.json``.
 
@@ -46,22 +50,31 @@ LOOPS = {  # label -> (extension loaded, the loop cell)
 }
 FITS = "model = build(1024)\nhistory = model.fit(x, y, epochs=1, batch_size=128, verbose=0)\n"
 TOO_BIG = "model = build(6000)\n"  # 144 MB of weights for one layer: runs out while building
+BIG_BATCH = (  # 64 MB per layer's activations: runs out inside fit's traced step
+    "model = build(1024)\n"
+    "model.fit(np.repeat(x, 8, 0), np.repeat(y, 8, 0), batch_size=16384, epochs=1, verbose=0)\n"
+)
+NO_ONEDNN = {"TF_ENABLE_ONEDNN_OPTS": "0"}
 HAND_CELL = "globals().pop('model', None); globals().pop('history', None)\n"
 HAND_CELL += "keras.backend.clear_session(); gc.collect()\n"
 SEQUENCES = {  # label -> (extension loaded, how each cell starts)
     "by hand (del, clear_session, gc)": (False, HAND_CELL),
     "%%fresh_model": (True, "%%fresh_model -q\n"),
 }
-STEPS = (("fits", FITS), ("too big", TOO_BIG), ("again", FITS), ("again", FITS), ("again", FITS))
+OOMS = {  # what runs out -> (the cell, the kernel's extra environment)
+    "a model too big (while building)": (TOO_BIG, {}),
+    "a batch too big (in fit)": (BIG_BATCH, NO_ONEDNN),
+}
 
 
 class Kernel:
     """A real kernel with TensorFlow's allocator capped; kerasmagic loaded if asked."""
 
-    def __init__(self, load: bool) -> None:
+    def __init__(self, load: bool, extra: dict[str, str] | None = None) -> None:
         from jupyter_client.manager import start_new_kernel
 
         env = {**os.environ, **CAP_ENV, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+        env.update(extra or {})
         self.km, self.kc = start_new_kernel(kernel_name="python3", env=env)
         _execute(self.kc, SETUP + ("\n%load_ext kerasmagic" if load else ""))
 
@@ -107,18 +120,23 @@ def folds(label: str) -> dict[str, Any]:
     }
 
 
-def sequence(label: str) -> dict[str, Any]:
+def sequence(label: str, oom: str) -> dict[str, Any]:
     """Fit, run out, fit again three times; return whether each fitted and the allocator."""
     load, start = SEQUENCES[label]
-    kernel = Kernel(load)
+    too_big, extra = OOMS[oom]
+    kernel = Kernel(load, extra)
     steps = []
     try:
-        for name, cell in STEPS:
+        for name, cell in _steps(too_big):
             _, error = kernel.run(start + cell)
             steps.append({"step": name, "error": error or None, "in_use_mb": kernel.in_use_mb()})
     finally:
         kernel.close()
-    return {"way": label, "steps": steps}
+    return {"way": label, "oom": oom, "steps": steps}
+
+
+def _steps(too_big: str) -> tuple[tuple[str, str], ...]:
+    return ("fits", FITS), ("too big", too_big), ("again", FITS), ("again", FITS), ("again", FITS)
 
 
 def folds_table(rows: list[dict[str, Any]]) -> str:
@@ -131,9 +149,11 @@ def folds_table(rows: list[dict[str, Any]]) -> str:
 
 
 def sequence_table(rows: list[dict[str, Any]]) -> str:
-    names = [name for name, _ in STEPS]
+    names = [name for name, _ in _steps("")]
     lines = ["| cells | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     for r in rows:
+        if r is rows[0] or r["oom"] != rows[rows.index(r) - 1]["oom"]:
+            lines.append(f"| **{r['oom']}** |" + " |" * len(names))
         cells = [
             ("out of memory" if s["error"] else "fits") + f", {s['in_use_mb']:.1f} MB"
             for s in r["steps"]
@@ -147,15 +167,19 @@ def main() -> None:
     parser.add_argument("--skip-folds", action="store_true")
     parser.add_argument("--skip-sequence", action="store_true")
     args = parser.parse_args()
-    out: dict[str, Any] = {"machine": platform.platform(), "cpus": os.cpu_count()}
+    saved = RESULTS / "oom.json"
+    out: dict[str, Any] = (
+        json.loads(saved.read_text()) if saved.exists() else {}
+    )  # a part skipped keeps its figures
+    out.update(machine=platform.platform(), cpus=os.cpu_count())
     if not args.skip_folds:
         out["folds"] = [folds(label) for label in LOOPS]
         print(folds_table(out["folds"]))
     if not args.skip_sequence:
-        out["sequence"] = [sequence(label) for label in SEQUENCES]
+        out["sequence"] = [sequence(label, oom) for oom in OOMS for label in SEQUENCES]
         print(sequence_table(out["sequence"]))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "oom.json").write_text(json.dumps(out, indent=1))
+    saved.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -17,19 +17,6 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from kerasmagic.oom import find_oom
 
-# On the oldest stack (TF 2.16 / Keras 3.3) the finder leaves more behind and the tape recovery
-# misses its 10%, so those two run on [test]'s. Measured for the finder (model 256-2048-2048-10,
-# Adam, 160 MB cap, in an IPython shell): TF's CPU:0 holds 30-78 MB after it, run to run, where
-# TF 2.21 / Keras 3.15 holds exactly 54.3 MB (weights and Adam's slots); the excess comes in
-# weight-sized steps (~18 MB) and stays after `del m` + clear_session, so no Python object gc
-# sees holds it. Not oneDNN's primitive cache (TF_ENABLE_ONEDNN_OPTS=0 and
-# ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 both keep it), not the finder's saved state aliasing TF's
-# buffers (copying it changed nothing). The same code as a plain script held 31 MB.
-OLD_STACK = pytest.mark.skipif(
-    tuple(int(p) for p in __import__("keras").__version__.split(".")[:2]) < (3, 5),
-    reason="TF 2.16 / Keras 3.3 keep more after probing or an OOM (cause unknown, see above)",
-)
-
 TF_GPU_OOM = (
     "OOM when allocating tensor with shape[128,4096] and type float on "
     "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc"
@@ -303,7 +290,7 @@ def test_the_batch_finder_says_why_it_cannot_measure(
 
 
 FINDER = """
-import numpy as np, keras, tensorflow as tf, kerasmagic
+import gc, numpy as np, keras, tensorflow as tf, kerasmagic
 m = keras.Sequential([keras.Input((256,)), keras.layers.Dense(2048, activation="relu"),
                       keras.layers.Dense(2048, activation="relu"), keras.layers.Dense(10)])
 m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -314,7 +301,6 @@ w0 = [w.copy() for w in m.get_weights()]
 
 
 @pytest.mark.slow
-@OLD_STACK
 def test_the_batch_finder_under_a_capped_allocator_finds_a_batch_that_trains(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -322,7 +308,7 @@ def test_the_batch_finder_under_a_capped_allocator_finds_a_batch_that_trains(
     monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", "160")
     with real_kernel(str(tmp_path)) as (_, client):
         assert kernel_run(client, FINDER)[0]["status"] == "ok"
-        in_use = "tf.config.experimental.get_memory_info('CPU:0')['current']"
+        in_use = "gc.collect() * 0 + tf.config.experimental.get_memory_info('CPU:0')['current']"
         before = kernel_value(client, in_use)
         content, text = kernel_run(client, "n = kerasmagic.find_batch_size(m, x, y)", 300)
         assert content["status"] == "ok", text
@@ -359,7 +345,6 @@ opt.apply_gradients(zip(grads, m.trainable_variables))
 
 
 @pytest.mark.slow
-@OLD_STACK
 def test_after_an_oom_in_a_tape_loop_or_while_building_the_size_that_fitted_fits_again(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -383,6 +368,70 @@ def test_after_an_oom_in_a_tape_loop_or_while_building_the_size_that_fitted_fits
             content, text = kernel_run(client, TAPE.format(n=1000), timeout_s=180)
             assert content["status"] == "ok", text  # the size that fitted fits again
             assert abs(kernel_value(client, in_use) - fitted) <= fitted / 10
+
+
+# Traced steps (fit's, predict's, a tf.function's) run out inside oneDNN's kernels on TF's CPU
+# build, and TF 2.21's capped CPU BFC allocator then crashes the process (SIGSEGV) instead of
+# raising; with TF_ENABLE_ONEDNN_OPTS=0 the same steps run TF's own kernels and raise
+# ResourceExhaustedError, as on a GPU.
+FITS = """%%fresh_model -q
+m = build(2048)
+m.compile("adam", lossf)
+m.fit(x[:2000], y[:2000], batch_size=256, epochs=1, verbose=0)
+"""
+STEP = """%%fresh_model -q
+m, opt = build(2048), keras.optimizers.Adam()
+@tf.function
+def step(xb, yb):
+    with tf.GradientTape() as tape:
+        loss = lossf(yb, m(xb, training=True))
+    grads = tape.gradient(loss, m.trainable_variables)
+    opt.apply_gradients(zip(grads, m.trainable_variables))
+step(tf.constant(x[:{n}]), tf.constant(y[:{n}]))
+"""
+# pattern -> (the cell that fits, one that runs out inside a traced step, how the user recovers)
+TRACED_OOMS = {
+    "fit": (
+        FITS,
+        FITS.replace("1024)", "2048)").replace(
+            "x[:2000], y[:2000], batch_size=256", "x, y, batch_size=8000"
+        ),
+        FITS,
+    ),
+    "tf.function": (STEP.format(n=500), STEP.format(n=8000), STEP.format(n=500)),
+    # a plain cell, then kerasmagic.reset() and the fitting cell re-run as a plain cell
+    "predict": (
+        FITS,
+        "m = build(2048)\nm.predict(np.repeat(x, 4, axis=0), batch_size=32000, verbose=0)",
+        "import kerasmagic\nkerasmagic.reset()\n" + FITS.removeprefix("%%fresh_model -q\n"),
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern", list(TRACED_OOMS))
+def test_after_an_oom_in_fit_predict_or_a_tf_function_the_size_that_fitted_fits_again(
+    pattern: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each runs out inside a traced step; the allocator is back to the fitting cell's."""
+    fits, too_big, recover = TRACED_OOMS[pattern]
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", "160")
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    in_use = "gc.collect() * 0 + tf.config.experimental.get_memory_info('CPU:0')['current']"
+    with real_kernel(str(tmp_path)) as (_, client):
+        assert kernel_run(client, RECOVERY + "import gc\n")[0]["status"] == "ok"
+        for _ in range(2):  # the second starts after a cleanup, as every re-run below does
+            assert kernel_run(client, fits)[0]["status"] == "ok"
+        fitted = kernel_value(client, in_use)
+        content, text = kernel_run(client, too_big, timeout_s=180)
+        assert content["status"] == "error", text
+        assert content["ename"] == "ResourceExhaustedError", text
+        assert "kerasmagic: out of memory on CPU:0 (TensorFlow)" in text, text
+        content, text = kernel_run(client, recover, timeout_s=180)
+        assert content["status"] == "ok", text  # the size that fitted fits again
+        back = kernel_value(client, in_use)
+        assert abs(back - fitted) <= fitted / 10, f"{back} vs {fitted}"
 
 
 # -- the limit: a cap the user set, else the device's size -------------------------------------

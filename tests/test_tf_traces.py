@@ -108,6 +108,40 @@ def test_refitted_kept_model_and_fresh_models_do_not_accumulate(kip: Interactive
     assert kip.user_ns["kept"].train_function is kip.user_ns["fit_fn"]
 
 
+INLINE_STEP = """%%fresh_model -q
+m = keras.Sequential([keras.Input((20,)), keras.layers.Dense(1024, activation="relu"),
+                      keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(2)])
+opt = keras.optimizers.Adam()  # built inside the first trace
+@tf.function
+def step(xb, yb):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(yb, m(xb), True))
+    grads = tape.gradient(loss, m.trainable_variables)
+    opt.apply_gradients(zip(grads, m.trainable_variables))
+    return loss
+loss = float(step(x, y))
+"""
+
+
+def test_a_step_that_builds_its_optimizer_inside_keeps_no_earlier_model(
+    kip: InteractiveShell,
+) -> None:
+    """TensorFlow keeps the first call's variable initializers in a closure for the
+    Function's life: re-run, the cell kept the previous model and its Adam slots until the
+    next re-run, and the last ones for good (TF's gradient registry held their graph)."""
+    in_use = "tf.config.experimental.get_memory_info('CPU:0')['current']"
+    run(kip, "import gc\ngc.collect()")
+    start = run(kip, in_use)
+    after = []
+    for _ in range(4):
+        run(kip, INLINE_STEP)
+        after.append(run(kip, "gc.collect() * 0 + " + in_use))
+    assert after[0] == after[1] == after[2] == after[3], after  # one model and its optimizer
+    run(kip, "%%fresh_model -q\nm = opt = step = None")
+    assert run(kip, "gc.collect() * 0 + " + in_use) == start
+    assert math.isfinite(kip.user_ns["loss"])
+
+
 def test_function_in_a_container_or_called_by_a_user_function(kip: InteractiveShell) -> None:
     run(kip, STEP)
     run(kip, "steps = {'main': train_step}\ndel train_step")

@@ -15,7 +15,7 @@ import types as pytypes
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
-from kerasmagic.cleanup.tracebacks import clear_frames
+from kerasmagic.cleanup.tracebacks import clear_frames, drop_stored_errors
 from kerasmagic.walk.children import (
     REBOUND_DEPTH,
     contents,
@@ -123,6 +123,15 @@ def set_item(ns: MutableMapping[str, Any], name: str, value: Any) -> Callable[[]
 def clear_frames_of(tb: pytypes.TracebackType) -> Callable[[], None]:
     """Cut: the locals of a stored traceback's finished frames."""
     return lambda: clear_frames(tb)
+
+
+def forget_stored_errors(shell: Any | None) -> Callable[[], None]:
+    """Cut: the stored error itself (``sys.last_*``, the shell's and IPython's formatter's)."""
+
+    def act() -> None:
+        drop_stored_errors(shell)
+
+    return act
 
 
 def cut_link(callback: Any) -> Callable[[], None]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from kerasmagic.cleanup.cuts import (
     clear_frames_of,
     cut_link,
     forget_output,
+    forget_stored_errors,
     models_under,
     set_attr,
     set_item,
@@ -30,6 +32,7 @@ from kerasmagic.cleanup.cuts import (
     unbind,
 )
 from kerasmagic.cleanup.tracebacks import frame_locals, stored_tracebacks
+from kerasmagic.oom.detect import find_oom
 from kerasmagic.walk.names import is_user_name, scan_order
 from kerasmagic.walk.near import walk
 from kerasmagic.walk.ownership import Owned, held_by, node_layer, outbound_nodes, owned
@@ -134,7 +137,14 @@ def _release_output_cache(
             plan.actions.append((name, set_item(ns, name, "")))
 
 
-def _release_tracebacks(plan: Plan, ns: MutableMapping[str, Any], types: tuple[type, ...]) -> None:
+def _release_tracebacks(
+    plan: Plan, ns: MutableMapping[str, Any], types: tuple[type, ...], shell: Any | None
+) -> None:
+    """Stored errors drop their frames' locals where those hold stale model state. An
+    out-of-memory error goes altogether: its frames hold the batch and the tensors that ran out,
+    and the functions they ran (Keras's ``predict`` closes over the model) keep the model after
+    it is rebound. Its traceback was shown; ``%tb`` has nothing to show after."""
+    oom = _stored_oom()
     for label, tb in stored_tracebacks():
         found = [
             o for path, value in frame_locals(label, tb, ns) for o in _state_in(value, path, types)
@@ -142,7 +152,17 @@ def _release_tracebacks(plan: Plan, ns: MutableMapping[str, Any], types: tuple[t
         found = _stale(plan, found)
         if found:
             plan.stale.update((id(o), (p, o)) for p, o in found)
+        if found or oom:
             plan.actions.append((label, clear_frames_of(tb)))
+    if oom:
+        plan.actions.append(("the stored out-of-memory error", forget_stored_errors(shell)))
+
+
+def _stored_oom() -> bool:
+    """Return whether the stored error (``sys.last_value``, ``sys.last_exc``) is an OOM."""
+    return any(
+        find_oom(getattr(sys, name, None)) is not None for name in ("last_value", "last_exc")
+    )
 
 
 def _cut_callback_links(
@@ -254,7 +274,7 @@ def plan_cleanup(
     released = reachable(released_roots, types.models, types.callbacks, (ns,))
     _release_names(plan, ns, sorted(release), state)
     _release_output_cache(plan, ns, state)
-    _release_tracebacks(plan, ns, state)
+    _release_tracebacks(plan, ns, state, shell)
     if shell is not None:
         _release_shell(plan, shell, state)
     _cut_callback_links(plan, ns, types, reach.callbacks + released.callbacks)

@@ -101,7 +101,11 @@ def measure_batch(
     finally:
         tf_log.setLevel(level)
         _restore(model, saved)
-        model.train_function = None  # the probes' traces; fit traces its own
+        # The probes' traces (fit traces its own). Replaced before it is unset: Keras < 3.5
+        # keeps the old one among TensorFlow's tracked dependencies after ``= None``, and on
+        # TF 2.16 a step that ran out keeps what it allocated with it.
+        model.make_train_function(force=True)
+        model.train_function = None
         gc.collect()
 
 

@@ -115,10 +115,46 @@ def _drop(fn: Any, cache: Any, stale_ids: set[int]) -> int:
         if _is_stale(concrete, stale_ids)
     ]
     dropped = sum(bool(cache.delete(ftype, context)) for (context, ftype), _ in gone)
+    # The first call's trace, kept apart from the cache when that call created variables (an
+    # optimizer built inside the step): it holds the variables it made, model and slots.
     first = getattr(fn, "_concrete_variable_creation_fn", None)
-    if getattr(fn, "_created_variables", None) is not None and any(first is c for _, c in gone):
-        fn._concrete_variable_creation_fn = None  # read only during the first call
+    if first is not None and getattr(fn, "_created_variables", None) is not None:
+        cached = any(first is c for _, c in gone)
+        if cached or _is_stale(first, stale_ids):
+            fn._concrete_variable_creation_fn = None  # read only during the first call
+            dropped += not cached
+    if dropped and getattr(fn, "_created_variables", None):
+        initializers = _first_call_initializers(fn)
+        if initializers is not None:
+            initializers.clear()  # run once, at the first call; they hold what it created
     return dropped
+
+
+def _first_call_initializers(fn: Any) -> list[Any] | None:
+    """Return the list of (variable, initial value) the first call's variable creator fills.
+
+    TensorFlow keeps it in a closure of the first call's tracing options for the Function's
+    life, so the variables that call created (an optimizer's slots, built inside the step) and
+    the model they were made for outlive both, until the Function itself goes.
+    """
+    config = getattr(fn, "_variable_creation_config", None)
+    wrapped = getattr(config, "python_function", None)
+    scope = _closure_value(wrapped, "scope")
+    found = _closure_value(scope, "add_initializers_to")
+    return found if type(found) is list else None
+
+
+def _closure_value(function: Any, name: str) -> Any:
+    """Return the value of ``function``'s free variable ``name``, or None."""
+    if type(function) is not pytypes.FunctionType or function.__closure__ is None:
+        return None
+    for free, cell in zip(function.__code__.co_freevars, function.__closure__, strict=True):
+        if free == name:
+            try:
+                return cell.cell_contents
+            except ValueError:  # an empty cell
+                return None
+    return None
 
 
 def _clear(path: str, fn: Any, cache_type: type, stale_ids: set[int]) -> str | None:
