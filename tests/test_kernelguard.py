@@ -287,6 +287,12 @@ def test_a_library_retry_loop_around_a_bare_except_does_not_keep_the_cell(client
         "def train():\n    try:\n        os.kill(os.getpid(), signal.SIGINT)\n"
         "        time.sleep(0.2)\n    except KeyboardInterrupt:\n        return 'stopped'\n"
         "caught = train() == 'stopped'\nran = True",
+        # raised again by kerasmagic as a library's bare except dropped it: still the user's
+        "import swallower\ndef train():\n    try:\n        swallower.swallow()\n"
+        "    except KeyboardInterrupt:\n        return 'stopped'\n"
+        "caught = train() == 'stopped'\nran = True",
+        "import swallower\ntry:\n    swallower.swallow()\nexcept KeyboardInterrupt:\n"
+        "    caught = True\nran = True",
     ],
 )
 def test_the_users_own_except_keyboardinterrupt_is_respected(client: Any, cell: str) -> None:

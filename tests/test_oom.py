@@ -344,32 +344,6 @@ opt.apply_gradients(zip(grads, m.trainable_variables))
 """
 
 
-@pytest.mark.slow
-def test_after_an_oom_in_a_tape_loop_or_while_building_the_size_that_fitted_fits_again(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Eager OOMs only: TF 2.21 on CPU:0's capped BFC segfaults, rather than raising, when a
-    traced step (fit's, predict's, a tf.function) runs out inside an oneDNN kernel; those
-    patterns are tested on a GPU (tests/test_gpu.py)."""
-    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
-    monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", "160")
-    # After a collection: the cell ran with the collector's old objects frozen (cleanup/loops.py
-    # at the optimizer's build), so garbage made before that waits for the next collection.
-    in_use = "gc.collect() * 0 + tf.config.experimental.get_memory_info('CPU:0')['current']"
-    with real_kernel(str(tmp_path)) as (_, client):
-        assert kernel_run(client, RECOVERY + "import gc\n")[0]["status"] == "ok"
-        for _ in range(2):  # the second starts after a cleanup, as every re-run below does
-            assert kernel_run(client, TAPE.format(n=1000))[0]["status"] == "ok"
-        fitted = kernel_value(client, in_use)
-        for too_big in (TAPE.format(n=6000), "%%fresh_model -q\nm = build(6000)"):
-            content, text = kernel_run(client, too_big, timeout_s=180)
-            assert content["ename"] == "ResourceExhaustedError", text
-            assert "kerasmagic: out of memory on CPU:0 (TensorFlow)" in text
-            content, text = kernel_run(client, TAPE.format(n=1000), timeout_s=180)
-            assert content["status"] == "ok", text  # the size that fitted fits again
-            assert abs(kernel_value(client, in_use) - fitted) <= fitted / 10
-
-
 # Traced steps (fit's, predict's, a tf.function's) run out inside oneDNN's kernels on TF's CPU
 # build, and TF 2.21's capped CPU BFC allocator then crashes the process (SIGSEGV) instead of
 # raising; with TF_ENABLE_ONEDNN_OPTS=0 the same steps run TF's own kernels and raise
@@ -389,13 +363,11 @@ def step(xb, yb):
     opt.apply_gradients(zip(grads, m.trainable_variables))
 step(tf.constant(x[:{n}]), tf.constant(y[:{n}]))
 """
-# pattern -> (the cell that fits, one that runs out inside a traced step, how the user recovers)
-TRACED_OOMS = {
+# pattern -> (the cell that fits, one that runs out, how the user recovers)
+OOMS = {
     "fit": (
         FITS,
-        FITS.replace("1024)", "2048)").replace(
-            "x[:2000], y[:2000], batch_size=256", "x, y, batch_size=8000"
-        ),
+        FITS.replace("x[:2000], y[:2000], batch_size=256", "x, y, batch_size=8000"),
         FITS,
     ),
     "tf.function": (STEP.format(n=500), STEP.format(n=8000), STEP.format(n=500)),
@@ -405,19 +377,27 @@ TRACED_OOMS = {
         "m = build(2048)\nm.predict(np.repeat(x, 4, axis=0), batch_size=32000, verbose=0)",
         "import kerasmagic\nkerasmagic.reset()\n" + FITS.removeprefix("%%fresh_model -q\n"),
     ),
+    "tape": (TAPE.format(n=1000), TAPE.format(n=6000), TAPE.format(n=1000)),  # eager
+    "build": (TAPE.format(n=1000), "%%fresh_model -q\nm = build(6000)", TAPE.format(n=1000)),
 }
+TRACED = ("fit", "tf.function", "predict")
+OLDEST = tuple(int(p) for p in __import__("keras").__version__.split(".")[:2]) < (3, 5)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pattern", list(TRACED_OOMS))
-def test_after_an_oom_in_fit_predict_or_a_tf_function_the_size_that_fitted_fits_again(
+@pytest.mark.parametrize("pattern", list(OOMS))
+def test_after_an_oom_the_size_that_fitted_fits_again(
     pattern: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each runs out inside a traced step; the allocator is back to the fitting cell's."""
-    fits, too_big, recover = TRACED_OOMS[pattern]
+    """A real OOM in each pattern, then the cell that fitted: it fits, and the allocator is
+    back within 10% of what it held before the OOM."""
+    fits, too_big, recover = OOMS[pattern]
     monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
     monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", "160")
-    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    if pattern in TRACED:
+        monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    # After a collection: the cell ran with the collector's old objects frozen (cleanup/loops.py
+    # at the optimizer's build), so garbage made before that waits for the next collection.
     in_use = "gc.collect() * 0 + tf.config.experimental.get_memory_info('CPU:0')['current']"
     with real_kernel(str(tmp_path)) as (_, client):
         assert kernel_run(client, RECOVERY + "import gc\n")[0]["status"] == "ok"
@@ -431,6 +411,11 @@ def test_after_an_oom_in_fit_predict_or_a_tf_function_the_size_that_fitted_fits_
         content, text = kernel_run(client, recover, timeout_s=180)
         assert content["status"] == "ok", text  # the size that fitted fits again
         back = kernel_value(client, in_use)
+        if pattern == "build" and OLDEST:
+            # TF 2.16 holds ~15 MB of the failed build in C++ (no Python object holds it)
+            # until the next re-run; TF 2.21 none. Measured: 80.0 -> 94.4 -> 81.6 MB.
+            assert kernel_run(client, recover, timeout_s=180)[0]["status"] == "ok"
+            back = kernel_value(client, in_use)
         assert abs(back - fitted) <= fitted / 10, f"{back} vs {fitted}"
 
 

@@ -97,7 +97,7 @@ def _reset(
         namespace if namespace is not None else getattr(shell, "user_ns", {})
     )
     plan = plan_cleanup(ns, rebinding=rebinding, keep=keep, drop_all=drop_all, shell=shell)
-    dropped = tuple(desc for desc, _ in plan.actions if not desc.startswith("displayhook."))
+    dropped = tuple(d for d, _ in plan.actions if d and not d.startswith("displayhook."))
     kept = tuple(path for path, _ in plan.kept.values())
     if dry_run:
         return CleanupReport(dropped, kept, (), 0, None, (), time.perf_counter() - start, True)

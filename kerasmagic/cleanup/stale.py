@@ -152,8 +152,8 @@ def _release_tracebacks(
         found = _stale(plan, found)
         if found:
             plan.stale.update((id(o), (p, o)) for p, o in found)
-        if found or oom:
-            plan.actions.append((label, clear_frames_of(tb)))
+        if found or oom:  # an OOM's is said once, below
+            plan.actions.append(("" if oom else label, clear_frames_of(tb)))
     if oom:
         plan.actions.append(("the stored out-of-memory error", forget_stored_errors(shell)))
 

@@ -21,9 +21,10 @@ kerasmagic). With a debugger or coverage tracing the kernel, nothing is followed
 
 Raising from a trace function switches tracing off (CPython does so for any tracer that raises),
 so while the interrupt is followed a profile function (``sys.setprofile``, called at every call
-and return) switches it on again: an interrupt raised again and caught by a second bare
-``except:`` further up is followed as well. Under a profiler (``%prun``) it is followed up to the
-first raise only.
+and return) switches it on again, for the library frames still running: an interrupt raised
+again and caught by a second bare ``except:`` further up is followed as well, and the user's
+code that catches it then keeps it. Under a profiler (``%prun``) it is followed up to the first
+raise only.
 """
 
 from __future__ import annotations
@@ -142,10 +143,11 @@ class InterruptWatch:
         """Raise the interrupt in ``frame`` at its next opcode, still followed (a finalizer or
         gc callback that ``frame`` set off lost it); return False, disarmed, if ``frame`` is not
         one of the followed frames."""
-        if self._error is None or frame not in self._watched:
+        if self._error is not None and frame is not None:
+            self._revive(frame, "redeliver", None)  # tracing off since a raise: on again
+        if self._error is None or frame is None or frame not in self._watched:
             self.disarm()
             return False
-        self._revive(frame, "redeliver", None)
         self._pending.pop(frame, None)
         self._now.add(frame)
         frame.f_trace_opcodes = True
@@ -160,10 +162,22 @@ class InterruptWatch:
         __tracebackhide__ = True
         if self._error is None or sys.gettrace() is not None:
             return
-        sys.settrace(self._new_frame)
-        for watched in self._watched:
-            if watched.f_trace is None:  # cleared by CPython in the frame the raise came from
+        # What happened while tracing was off is not known: frames gone since are forgotten,
+        # and so are the user's (a cell or a function that caught it: its own choice stands).
+        running: set[FrameType] = set()
+        caller: FrameType | None = sys._getframe(1)
+        while caller is not None:
+            running.add(caller)
+            caller = caller.f_back
+        for watched in list(self._watched):
+            if watched not in running or not is_library(watched.f_code):
+                self._forget(watched)
+            elif watched.f_trace is None:  # cleared by CPython in the frame that raised
                 watched.f_trace = self._local
+        if not self._watched:
+            self.disarm()  # no library code left to drop it
+            return
+        sys.settrace(self._new_frame)
         if event == "return" and frame in self._watched:
             self._local(frame, event, arg)
 
