@@ -126,12 +126,16 @@ def test_samples_are_pushed_and_throttled(shell: InteractiveShell, sidebar: Reco
     monitor = get_monitor(shell)
     assert monitor is not None
     run(shell, "x = 1")  # the monitor samples on top of its last cell snapshot
-    time.sleep(MIN_PUSH_INTERVAL_S)
-    before = len(sidebar.sent("sample"))
-    monitor.sampler.sample_once()
-    monitor.sampler.sample_once()  # within MIN_PUSH_INTERVAL_S of the first: dropped
-    samples = sidebar.sent("sample")
-    assert 1 <= len(samples) - before <= 2  # the sampler thread may have pushed one too
+    monitor.sampler.stop()  # its own pushes would race these (CI saw one just before `before`)
+    try:
+        time.sleep(MIN_PUSH_INTERVAL_S)
+        before = len(sidebar.sent("sample"))
+        monitor.sampler.sample_once()
+        monitor.sampler.sample_once()  # within MIN_PUSH_INTERVAL_S of the first: dropped
+        samples = sidebar.sent("sample")
+    finally:
+        monitor.sampler.start()
+    assert len(samples) - before == 1
     assert samples[-1]["snapshot"]["pid"] == os.getpid()
 
 

@@ -101,6 +101,10 @@ def swallowed_twice():
     except:
         pass
     return 1
+def run_callback(fn):
+    # a library calling the user's code (Keras's fit calling a callback), then going on
+    fn()
+    return "fit done"
 def collect_in_a_bare_except():
     # the Ctrl-C lands in a gc callback, lost there, then raised in this frame's try
     try:
@@ -293,6 +297,10 @@ def test_a_library_retry_loop_around_a_bare_except_does_not_keep_the_cell(client
         "caught = train() == 'stopped'\nran = True",
         "import swallower\ntry:\n    swallower.swallow()\nexcept KeyboardInterrupt:\n"
         "    caught = True\nran = True",
+        # ... in a callback a library called: the library goes on, as the user chose
+        "import swallower\ndef cb():\n    global caught\n    try:\n        swallower.swallow()\n"
+        "    except KeyboardInterrupt:\n        caught = True\n"
+        "ran = swallower.run_callback(cb) == 'fit done'",
     ],
 )
 def test_the_users_own_except_keyboardinterrupt_is_respected(client: Any, cell: str) -> None:

@@ -118,6 +118,8 @@ class KernelGuard:
     def close(self) -> None:
         """The cell's code is over (first ``post_execute`` callback): record SIGINT again."""
         if not self._guarding or _signal.getsignal(_signal.SIGINT) != self.interrupt:
+            if self._guarding:
+                self._watch.disarm()  # the cell put its own handler in: follow nothing further
             return
         if _inside(sys._getframe(1), self._cell_code):
             return  # a run_cell nested in a cell: the cell itself is still running

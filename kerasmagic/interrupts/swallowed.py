@@ -23,8 +23,10 @@ Raising from a trace function switches tracing off (CPython does so for any trac
 so while the interrupt is followed a profile function (``sys.setprofile``, called at every call
 and return) switches it on again, for the library frames still running: an interrupt raised
 again and caught by a second bare ``except:`` further up is followed as well, and the user's
-code that catches it then keeps it. Under a profiler (``%prun``) it is followed up to the first
-raise only.
+code that catches it then keeps it (the frames that may have run untraced in between are known:
+the one it was raised in, and its caller when it was raised at a return). Under a profiler that
+uses ``sys.setprofile`` (``%prun`` on Python 3.11; from 3.12 cProfile uses ``sys.monitoring``
+and both run) it is followed up to the first raise only.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class InterruptWatch:
         self._pending: dict[FrameType, int] = {}  # went on without it -> last offset run
         self._now: set[FrameType] = set()  # lost in a callback it called: raise at next opcode
         self._profiled = False  # the profile function that revives tracing is in place
+        self._raised_at: tuple[FrameType, int] | None = None  # where it was last raised again
         self._outermost: FrameType | None = None
         self.raised_again = 0
 
@@ -136,7 +139,7 @@ class InterruptWatch:
         self._deliberate.clear()
         self._pending.clear()
         self._now.clear()
-        self._error = self._outermost = None
+        self._error = self._outermost = self._raised_at = None
         self._profiled = False
 
     def redeliver(self, frame: FrameType | None) -> bool:
@@ -162,24 +165,38 @@ class InterruptWatch:
         __tracebackhide__ = True
         if self._error is None or sys.gettrace() is not None:
             return
-        # What happened while tracing was off is not known: frames gone since are forgotten,
-        # and so are the user's (a cell or a function that caught it: its own choice stands).
+        # Frames gone since are forgotten. Only the frame it was raised in, and its caller when
+        # it was raised at a return, can have run untraced (any other unwind is a profile
+        # event at once): one of the user's that had it then counts as having caught it, so
+        # what it does next is its own choice.
         running: set[FrameType] = set()
         caller: FrameType | None = sys._getframe(1)
         while caller is not None:
             running.add(caller)
             caller = caller.f_back
+        untraced = self._untraced()
         for watched in list(self._watched):
-            if watched not in running or not is_library(watched.f_code):
+            if watched not in running:
                 self._forget(watched)
-            elif watched.f_trace is None:  # cleared by CPython in the frame that raised
+                if self._error is None:
+                    return  # nothing left to follow: disarmed
+                continue
+            if watched in untraced and not is_library(watched.f_code):
+                self._handling.add(watched)
+            if watched.f_trace is None:  # cleared by CPython in the frame that raised
                 watched.f_trace = self._local
-        if not self._watched:
-            self.disarm()  # no library code left to drop it
-            return
         sys.settrace(self._new_frame)
         if event == "return" and frame in self._watched:
             self._local(frame, event, arg)
+
+    def _untraced(self) -> set[FrameType]:
+        """Return the frames that may have run while tracing was off since the last raise."""
+        if self._raised_at is None:
+            return set()
+        frame, offset = self._raised_at
+        if _opcode(frame, offset) in _RETURNS and frame.f_back is not None:
+            return {frame, frame.f_back}  # its caller got it without an event
+        return {frame}
 
     def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
         __tracebackhide__ = True  # read by IPython's traceback formatter
@@ -190,7 +207,7 @@ class InterruptWatch:
             sys.setprofile(self._revive)
         if frame in self._now and event in ("line", "opcode"):
             self._now.discard(frame)
-            self._raise_again()
+            self._raise_again(frame)
         if event == "exception":
             value = arg[1]
             if value is error:
@@ -200,7 +217,7 @@ class InterruptWatch:
                 and not isinstance(value, KeyboardInterrupt)  # ipykernel's "Interrupted by user"
                 and is_library(frame.f_code)
             ):
-                self._raise_again()  # turned into another exception: the interrupt instead
+                self._raise_again(frame)  # turned into another exception: the interrupt instead
         elif event in ("line", "opcode"):
             if frame in self._pending:
                 self._step(frame)
@@ -212,9 +229,10 @@ class InterruptWatch:
                 self._went_on_without_it(frame)
         elif event == "return":
             opcode = _opcode(frame)
-            if opcode in _RETURNS:
+            unwinding = self._raised_at == (frame, frame.f_lasti)  # raised again at its return
+            if opcode in _RETURNS and not unwinding:
                 if self._stays(frame):
-                    self._raise_again()  # it returns as if nothing happened: the caller gets it
+                    self._raise_again(frame)  # returns as if nothing happened: the caller gets it
             elif frame is self._outermost:
                 self.disarm()  # it left the cell: IPython shows it
             elif opcode != _YIELD:  # unwinding (a yield leaves it as it is)
@@ -240,19 +258,22 @@ class InterruptWatch:
             return  # the line event and the opcode event of one instruction
         self._pending[frame] = frame.f_lasti
         if _opcode(frame, last) in _DELIVERY:
-            self._raise_again()
+            self._raise_again(frame)
 
     def _forget(self, frame: FrameType) -> None:
-        del self._watched[frame]
+        self._watched.pop(frame, None)
         self._handling.discard(frame)
         self._deliberate.discard(frame)
         self._pending.pop(frame, None)
         self._now.discard(frame)
         frame.f_trace = None
+        if not self._watched:
+            self.disarm()  # no frame left to follow it through
 
-    def _raise_again(self) -> None:
+    def _raise_again(self, frame: FrameType) -> None:
         __tracebackhide__ = True
         error = self._error
+        self._raised_at = (frame, frame.f_lasti)
         self.raised_again += 1
         if error is None or self.raised_again > MAX_RAISES:
             self.disarm()
