@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -100,7 +102,9 @@ def real_kernel(
     """A real ipykernel in ``cwd`` on Keras ``backend``, kerasmagic loaded unless told; shut down
     after."""
     km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=cwd, env={**os.environ, "KERAS_BACKEND": backend})
+    # A kernel that crashes prints where (Python's faulthandler), into the test's captured stderr.
+    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONFAULTHANDLER": "1"}
+    km.start_kernel(cwd=cwd, env=env)
     client = km.client()
     client.start_channels()
     try:
@@ -120,7 +124,11 @@ def kernel_run(
     msg_id = client.execute(code)
     text, deadline = [], time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        msg = client.get_iopub_msg(timeout=timeout_s)
+        try:
+            msg = client.get_iopub_msg(timeout=timeout_s)
+        except queue.Empty:
+            said = stuck(client)
+            raise AssertionError(f"the kernel sent nothing for {timeout_s:.0f} s: {said}") from None
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         kind, content = msg["msg_type"], msg["content"]
@@ -136,6 +144,27 @@ def kernel_run(
     while reply["parent_header"].get("msg_id") != msg_id:
         reply = client.get_shell_msg(timeout=timeout_s)
     return reply["content"], "".join(text)
+
+
+def stuck(client: Any) -> str:
+    """Say why a kernel went quiet: its exit code, or what each of its threads is running (py-spy,
+    when this machine lets it read another process)."""
+    km = getattr(client, "parent", None)
+    process = getattr(getattr(km, "provisioner", None), "process", None)
+    if process is None:
+        return "no kernel process to look at"
+    if process.poll() is not None:
+        return f"the kernel exited with code {process.returncode}"
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(spy):
+        return "the kernel is alive (no py-spy here to show its stacks)"
+    try:
+        dump = subprocess.run(
+            [spy, "dump", "--pid", str(process.pid)], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"the kernel is alive; py-spy failed: {error}"
+    return f"the kernel is alive and running:\n{dump.stdout}{dump.stderr}"
 
 
 def kernel_value(client: Any, expr: str) -> Any:

@@ -319,9 +319,17 @@ def test_the_batch_finder_under_a_capped_allocator_finds_a_batch_that_trains(
         assert kernel_value(client, "all((a == b).all() for a, b in zip(w0, m.get_weights()))")
         assert kernel_value(client, "int(m.optimizer.iterations.numpy())") == 0
         slots = 2 * kernel_value(client, "sum(w.nbytes for w in w0)")  # Adam's two, now built
-        left = kernel_value(client, in_use) - before  # Adam's slots, its step and rate; BFC's
-        assert left <= slots + 2**22, text  # TF 2.16 keeps ~3 MB more after an OOM
-        fit = "m.fit(x[:3 * n], y[:3 * n], batch_size=n, verbose=0)"
+        # Adam's slots, its step and rate; nothing of the probes. BFC counts a chunk it did not
+        # split whole (up to twice what was asked), so the same tensors count for more or less
+        # after other steps ran: measured -36 to +14 MB around the slots (TF 2.16 and 2.21). The
+        # tensors of one step at the batch found come to ~60 MB (its peak less the weights, the
+        # slots and the gradients): a step kept alive does not fit in the margin.
+        left = kernel_value(client, in_use) - before
+        assert left <= slots + 24 * 2**20, (left, slots, text)
+        # On the CPU the array fit() converts lives in the capped allocator too (on a GPU it
+        # stays in host memory), so a fit over several batches may run out where a GPU's would
+        # not: one batch of that size is what the finder promises.
+        fit = "m.fit(x[:n], y[:n], batch_size=n, verbose=0)"
         assert kernel_run(client, fit, 300)[0]["status"] == "ok"  # that batch trains
 
 

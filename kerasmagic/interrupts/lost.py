@@ -4,13 +4,15 @@ An interrupt raised while a ``__del__``, a weakref callback or a gc callback run
 one; TensorFlow and Keras keep weakref callbacks) cannot propagate: Python hands it to
 ``sys.unraisablehook``, which prints "Exception ignored" and drops it, and the cell runs on to
 its end. While the extension is loaded, kerasmagic's hook raises it again in the code that was
-interrupted: the frame that was running when the callback started gets ``KeyboardInterrupt`` at
-its next opcode, through a one-shot trace function on that frame alone (``sys.settrace``), as a
-Ctrl-C that had not met a callback would. When the kernel guard is following that interrupt
-(``swallowed.py``), it raises it there itself and goes on following it: a library's bare
-``except:`` around the code cannot drop it then. Callbacks still to run in the same collection are
-left alone (their frames are new ones, not traced). Re-arming the signal instead would raise
-inside this hook, or inside the next callback, and be lost again.
+interrupted: the frame that was running when the callback started gets ``KeyboardInterrupt``
+where Python checks for signals next (after a call returns, at a loop's jump back, or as the
+frame returns), through a one-shot trace function on that frame alone (``sys.settrace``), as a
+Ctrl-C that had not met a callback would: never at an instruction Python itself does not stop at
+(between a ``with`` block's end and its ``__exit__``, say). When the kernel guard is following
+that interrupt (``swallowed.py``), it raises it there itself and goes on following it: a
+library's bare ``except:`` around the code cannot drop it then. Callbacks still to run in the
+same collection are left alone (their frames are new ones, not traced). Re-arming the signal
+instead would raise inside this hook, or inside the next callback, and be lost again.
 
 With a tracer in place (a debugger, coverage) the interrupt is shown and dropped as Python
 does; every other unraisable exception goes to the hook that was there before.
@@ -25,12 +27,13 @@ from typing import Any
 
 from kerasmagic.interrupts.ownframes import shown_plain
 from kerasmagic.interrupts.pyversions import frames_checked
-from kerasmagic.interrupts.swallowed import following
+from kerasmagic.interrupts.swallowed import delivers_after, following
 from kerasmagic.shellstate import ShellState
 
 
 class RaiseInFrame:
-    """Raise ``KeyboardInterrupt`` in ``frame`` at its next opcode, once (``sys.settrace``).
+    """Raise ``KeyboardInterrupt`` in ``frame`` once, where Python would deliver a Ctrl-C next:
+    after a call returns, at a loop's jump back, or as the frame returns (``sys.settrace``).
 
     Only ``frame`` is traced: frames that start meanwhile (callbacks still to run) are not. The
     frame's own trace settings are put back first, so a debugger used later in it still works.
@@ -38,6 +41,7 @@ class RaiseInFrame:
 
     def __init__(self, frame: FrameType) -> None:
         self._frame: FrameType | None = frame
+        self._last = frame.f_lasti  # the instruction the callback interrupted
         self._saved = (frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes)
         frame.f_trace_lines = False
         frame.f_trace_opcodes = True
@@ -51,6 +55,12 @@ class RaiseInFrame:
         __tracebackhide__ = True  # read by IPython's traceback formatter
         if frame is not self._frame:
             return None
+        if event == "opcode":
+            last, self._last = self._last, frame.f_lasti
+            if last == frame.f_lasti or not delivers_after(frame, last):
+                return self._local
+        elif event != "return":
+            return self._local
         if sys.gettrace() == self._new_frame:  # a debugger set since keeps its tracer
             sys.settrace(None)
         frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes = self._saved

@@ -80,6 +80,11 @@ def _opcode(frame: FrameType, offset: int | None = None) -> int:
     return code[at] if 0 <= at < len(code) else -1
 
 
+def delivers_after(frame: FrameType, offset: int) -> bool:
+    """Return whether Python checks for signals after ``frame``'s instruction at ``offset``."""
+    return _opcode(frame, offset) in _DELIVERY
+
+
 class InterruptWatch:
     """Follows one ``KeyboardInterrupt`` through the frames it was raised in."""
 
@@ -91,7 +96,6 @@ class InterruptWatch:
         self._handling: set[FrameType] = set()  # frames running an except block for it
         self._deliberate: set[FrameType] = set()  # ... one that names KeyboardInterrupt
         self._pending: dict[FrameType, int] = {}  # went on without it -> last offset run
-        self._now: set[FrameType] = set()  # lost in a callback it called: raise at next opcode
         self._profiled = False  # the profile function that revives tracing is in place
         self._raised_at: tuple[FrameType, int] | None = None  # where it was last raised again
         self._outermost: FrameType | None = None
@@ -138,21 +142,21 @@ class InterruptWatch:
         self._handling.clear()
         self._deliberate.clear()
         self._pending.clear()
-        self._now.clear()
         self._error = self._outermost = self._raised_at = None
         self._profiled = False
 
     def redeliver(self, frame: FrameType | None) -> bool:
-        """Raise the interrupt in ``frame`` at its next opcode, still followed (a finalizer or
-        gc callback that ``frame`` set off lost it); return False, disarmed, if ``frame`` is not
-        one of the followed frames."""
+        """Raise the interrupt in ``frame`` where Python would deliver a Ctrl-C next, still
+        followed (a finalizer or gc callback that ``frame`` set off lost it); return False,
+        disarmed, if ``frame`` is not one of the followed frames."""
         if self._error is not None and frame is not None:
             self._revive(frame, "redeliver", None)  # tracing off since a raise: on again
         if self._error is None or frame is None or frame not in self._watched:
             self.disarm()
             return False
-        self._pending.pop(frame, None)
-        self._now.add(frame)
+        self._handling.discard(frame)  # lost afresh: whatever caught it before has not seen this
+        self._deliberate.discard(frame)
+        self._pending[frame] = frame.f_lasti
         frame.f_trace_opcodes = True
         return True
 
@@ -205,9 +209,6 @@ class InterruptWatch:
             return None
         if self._profiled and sys.getprofile() is None:  # a raise from it switched it off
             sys.setprofile(self._revive)
-        if frame in self._now and event in ("line", "opcode"):
-            self._now.discard(frame)
-            self._raise_again(frame)
         if event == "exception":
             value = arg[1]
             if value is error:
@@ -253,11 +254,12 @@ class InterruptWatch:
 
     def _step(self, frame: FrameType) -> None:
         """A frame that dropped the interrupt runs on: raise it where Python would deliver one."""
+        __tracebackhide__ = True
         last = self._pending[frame]
         if frame.f_lasti == last:
             return  # the line event and the opcode event of one instruction
         self._pending[frame] = frame.f_lasti
-        if _opcode(frame, last) in _DELIVERY:
+        if delivers_after(frame, last):
             self._raise_again(frame)
 
     def _forget(self, frame: FrameType) -> None:
@@ -265,7 +267,6 @@ class InterruptWatch:
         self._handling.discard(frame)
         self._deliberate.discard(frame)
         self._pending.pop(frame, None)
-        self._now.discard(frame)
         frame.f_trace = None
         if not self._watched:
             self.disarm()  # no frame left to follow it through
@@ -280,7 +281,6 @@ class InterruptWatch:
             return
         self._handling.clear()
         self._pending.clear()
-        self._now.clear()
         raise error  # CPython switches tracing off: _revive switches it on again
 
 
