@@ -389,6 +389,9 @@ def test_unload_ends_the_reading_thread_and_a_reading_starts_it_again(
     monkeypatch: pytest.MonkeyPatch, ip: InteractiveShell
 ) -> None:
     inject(monkeypatch, make_pynvml(two_gpus()))
+    # Loading started the live sampler, which may have read the real pynvml (no driver here)
+    # before the fake was put in: forget that reading.
+    nvml.shutdown()
     assert nvml.read_gpus().status == "ok"
     assert _nvml_threads() == 1
     ip.run_line_magic("unload_ext", "kerasmagic")
