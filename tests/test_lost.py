@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -41,4 +43,75 @@ def test_a_lost_ctrl_c_waits_for_the_next_point_python_would_deliver_it() -> Non
 def test_a_lost_ctrl_c_is_raised_as_the_frame_returns_when_nothing_is_called() -> None:
     with pytest.raises(KeyboardInterrupt):
         _returns([])
+    assert sys.gettrace() is None
+
+
+class _Block:
+    """A ``with`` block that logs its exit."""
+
+    def __init__(self, log: list[object]) -> None:
+        self.log = log
+
+    def __enter__(self) -> None:
+        self.log.append("enter")
+
+    def __exit__(self, *exc: object) -> None:
+        self.log.append("exit")
+
+
+def _return_inside_with(log: list[object]) -> None:
+    lost = [_LosesOne()]
+    with _Block(log):
+        return lost.clear()  # the finalizer runs in this C call; the with still exits
+
+
+def _return_inside_try(log: list[object]) -> None:
+    lost = [_LosesOne()]
+    try:
+        return lost.clear()
+    finally:
+        log.append("finally")
+
+
+def _calls_python(log: list[object]) -> None:
+    lost = _LosesOne()
+    del lost
+    _work(log)  # Python raises a pending Ctrl-C as this starts
+    log.append("never")
+
+
+def _work(log: list[object]) -> None:
+    log.append("work ran")
+
+
+def _yields(log: list[object]) -> Iterator[int]:
+    with _Block(log):
+        lost = _LosesOne()
+        del lost
+        yield 1  # no call before it: the consumer takes the interrupt on
+        yield 2
+
+
+@pytest.mark.parametrize("body", [_return_inside_with, _return_inside_try])
+def test_a_lost_ctrl_c_never_skips_an_exit_or_a_finally(body: Any) -> None:
+    log: list[object] = []
+    with pytest.raises(KeyboardInterrupt):
+        body(log)
+    assert log in (["enter", "exit"], ["finally"])
+    assert sys.gettrace() is None
+
+
+def test_a_lost_ctrl_c_is_raised_as_a_python_function_starts() -> None:
+    log: list[object] = []
+    with pytest.raises(KeyboardInterrupt):
+        _calls_python(log)
+    assert log == []
+
+
+def test_a_lost_ctrl_c_in_a_generator_stops_its_consumer_and_the_generator_exits() -> None:
+    log: list[object] = []
+    with pytest.raises(KeyboardInterrupt):
+        for value in _yields(log):
+            log.append(value)
+    assert log == ["enter", 1, "exit"]
     assert sys.gettrace() is None

@@ -5,10 +5,9 @@ one; TensorFlow and Keras keep weakref callbacks) cannot propagate: Python hands
 ``sys.unraisablehook``, which prints "Exception ignored" and drops it, and the cell runs on to
 its end. While the extension is loaded, kerasmagic's hook raises it again in the code that was
 interrupted: the frame that was running when the callback started gets ``KeyboardInterrupt``
-where Python checks for signals next (after a call returns, at a loop's jump back, or as the
-frame returns), through a one-shot trace function on that frame alone (``sys.settrace``), as a
-Ctrl-C that had not met a callback would: never at an instruction Python itself does not stop at
-(between a ``with`` block's end and its ``__exit__``, say). When the kernel guard is following
+where Python would have raised a Ctrl-C that had not met a callback (``delivery.py``), through
+a one-shot trace function on that frame alone (``sys.settrace``): never where Python itself does
+not, such as between a ``with`` block's end and its ``__exit__``. When the kernel guard is following
 that interrupt (``swallowed.py``), it raises it there itself and goes on following it: a
 library's bare ``except:`` around the code cannot drop it then. Callbacks still to run in the
 same collection are left alone (their frames are new ones, not traced). Re-arming the signal
@@ -25,31 +24,55 @@ import threading
 from types import FrameType
 from typing import Any
 
+from kerasmagic.interrupts.delivery import protection, raise_here, want_opcodes, yielding
 from kerasmagic.interrupts.ownframes import shown_plain
 from kerasmagic.interrupts.pyversions import frames_checked
-from kerasmagic.interrupts.swallowed import delivers_after, following
+from kerasmagic.interrupts.swallowed import following
 from kerasmagic.shellstate import ShellState
 
 
 class RaiseInFrame:
-    """Raise ``KeyboardInterrupt`` in ``frame`` once, where Python would deliver a Ctrl-C next:
-    after a call returns, at a loop's jump back, or as the frame returns (``sys.settrace``).
+    """Raise ``KeyboardInterrupt`` in ``frame`` once, where Python would raise a Ctrl-C next
+    (``delivery.py``): at a loop's jump back, after a call returns, at the start of a Python
+    function it calls, or as it returns; a generator that yields hands it to its consumer.
 
-    Only ``frame`` is traced: frames that start meanwhile (callbacks still to run) are not. The
-    frame's own trace settings are put back first, so a debugger used later in it still works.
+    Only ``frame`` is traced: frames that start meanwhile (callbacks still to run in the same
+    instruction) are not. Each frame's own trace settings are put back first, so a debugger
+    used later in it still works.
     """
 
     def __init__(self, frame: FrameType) -> None:
-        self._frame: FrameType | None = frame
-        self._last = frame.f_lasti  # the instruction the callback interrupted
-        self._saved = (frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes)
-        frame.f_trace_lines = False
-        frame.f_trace_opcodes = True
-        frame.f_trace = self._local
+        self._frame: FrameType | None = None
+        self._follow(frame)
         sys.settrace(self._new_frame)  # tracing on: the frame's own f_trace is called
 
-    def _new_frame(self, frame: FrameType, event: str, arg: object) -> None:
-        return None  # frames called from now on are not traced
+    def _follow(self, frame: FrameType) -> None:
+        self._frame, self._origin = frame, frame.f_lasti  # the instruction it is in now
+        self._last, self._home = frame.f_lasti, protection(frame)
+        self._saved = (frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes)
+        frame.f_trace_lines = False
+        frame.f_trace = self._local
+        want_opcodes(frame, self._new_frame)
+
+    def _let_go(self) -> None:
+        frame, self._frame = self._frame, None
+        if frame is not None:
+            frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes = self._saved
+
+    def _new_frame(self, frame: FrameType, event: str, arg: object) -> Any:
+        __tracebackhide__ = True
+        target = self._frame
+        if target is None:
+            return None
+        if frame is target:
+            return self._local  # a generator resumed: its events are still wanted
+        if (
+            frame.f_back is target
+            and target.f_lasti != self._origin
+            and protection(target) == self._home
+        ):
+            self._raise()  # a call into Python code: its start, as Python's own check
+        return None  # other frames are not traced
 
     def _local(self, frame: FrameType, event: str, arg: object) -> Any:
         __tracebackhide__ = True  # read by IPython's traceback formatter
@@ -57,14 +80,22 @@ class RaiseInFrame:
             return None
         if event == "opcode":
             last, self._last = self._last, frame.f_lasti
-            if last == frame.f_lasti or not delivers_after(frame, last):
-                return self._local
-        elif event != "return":
-            return self._local
+            if raise_here(frame, last, self._home):
+                self._raise()
+        elif event == "return" and yielding(frame) and frame.f_back is not None:
+            own = self._saved[0]
+            self._let_go()  # a generator yielding: its consumer takes it on
+            self._follow(frame.f_back)
+            return own  # what CPython keeps as the generator's trace function
+        elif event == "return":
+            self._raise()  # returning: the caller gets it, as after its call returned
+        return self._local
+
+    def _raise(self) -> None:
+        __tracebackhide__ = True
         if sys.gettrace() == self._new_frame:  # a debugger set since keeps its tracer
             sys.settrace(None)
-        frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes = self._saved
-        self._frame = None
+        self._let_go()
         raise shown_plain(KeyboardInterrupt())
 
 

@@ -10,11 +10,11 @@ is followed until it leaves the cell: the frames on the stack when it was raised
 (their lines, returns and exceptions, nothing else). If one of them turns it into another
 exception in code that is not the user's, the interrupt is raised instead. If one goes on
 without it (a bare ``except:`` or ``except BaseException:`` dropped it), it is raised again in
-that frame at the next point where Python itself delivers a Ctrl-C: after a call returns, at a
-loop's jump back, or as the frame returns. Never at the code a frame runs on its way out of a
-``with`` or into a ``finally``: raising there would skip the ``__exit__`` or the ``finally``
-(TensorFlow's context stacks then break: "Exiting device scope without proper scope
-nesting"). Code of the user's (a cell, a function defined in one, a module outside the
+that frame at the next point where Python itself delivers a Ctrl-C (``delivery.py``): after a
+call returns, at a loop's jump back, or as the frame returns. Never at the code a frame runs
+on its way out of a ``with`` or into a ``finally``: raising there would skip the ``__exit__``
+or the ``finally`` (TensorFlow's context stacks then break: "Exiting device scope without
+proper scope nesting"). Code of the user's (a cell, a function defined in one, a module outside the
 installed packages) that catches it is left alone, and so is a library's ``except
 KeyboardInterrupt:`` (IPython's ``!cmd`` stops the command and goes on, as it does without
 kerasmagic). With a debugger or coverage tracing the kernel, nothing is followed.
@@ -37,26 +37,18 @@ import sys
 from types import CodeType, FrameType
 from typing import Any
 
+from kerasmagic.interrupts.delivery import (
+    RETURNS,
+    Handler,
+    opcode,
+    protection,
+    raise_here,
+    want_opcodes,
+    yielding,
+)
 from kerasmagic.origin import library_file
 
-_RETURNS = {dis.opmap[n] for n in ("RETURN_VALUE", "RETURN_CONST") if n in dis.opmap}
-# Python checks for signals after these (calls return, loops jump back): safe to raise next.
-_DELIVERY = {
-    dis.opmap[n]
-    for n in (
-        "CALL",
-        "CALL_KW",
-        "CALL_FUNCTION",
-        "CALL_FUNCTION_KW",
-        "CALL_FUNCTION_EX",
-        "CALL_METHOD",
-        "JUMP_BACKWARD",
-        "JUMP_ABSOLUTE",
-    )
-    if n in dis.opmap
-}
 _HANDLER_ENTRY = dis.opmap.get("PUSH_EXC_INFO", -1)  # 3.11+: exception not yet in exc_info
-_YIELD = dis.opmap["YIELD_VALUE"]
 MAX_RAISES = 20  # a library retrying in a loop around a bare except: give up, never hang
 
 
@@ -74,17 +66,6 @@ def _names_interrupt(frame: FrameType) -> bool:
     return line.startswith("except") and "KeyboardInterrupt" in line
 
 
-def _opcode(frame: FrameType, offset: int | None = None) -> int:
-    code = frame.f_code.co_code
-    at = frame.f_lasti if offset is None else offset
-    return code[at] if 0 <= at < len(code) else -1
-
-
-def delivers_after(frame: FrameType, offset: int) -> bool:
-    """Return whether Python checks for signals after ``frame``'s instruction at ``offset``."""
-    return _opcode(frame, offset) in _DELIVERY
-
-
 class InterruptWatch:
     """Follows one ``KeyboardInterrupt`` through the frames it was raised in."""
 
@@ -96,6 +77,8 @@ class InterruptWatch:
         self._handling: set[FrameType] = set()  # frames running an except block for it
         self._deliberate: set[FrameType] = set()  # ... one that names KeyboardInterrupt
         self._pending: dict[FrameType, int] = {}  # went on without it -> last offset run
+        # ... -> where it was then, and whether a call from there may get it at its start
+        self._origin: dict[FrameType, tuple[int, Handler, bool]] = {}
         self._profiled = False  # the profile function that revives tracing is in place
         self._raised_at: tuple[FrameType, int] | None = None  # where it was last raised again
         self._outermost: FrameType | None = None
@@ -142,6 +125,7 @@ class InterruptWatch:
         self._handling.clear()
         self._deliberate.clear()
         self._pending.clear()
+        self._origin.clear()
         self._error = self._outermost = self._raised_at = None
         self._profiled = False
 
@@ -156,11 +140,19 @@ class InterruptWatch:
             return False
         self._handling.discard(frame)  # lost afresh: whatever caught it before has not seen this
         self._deliberate.discard(frame)
-        self._pending[frame] = frame.f_lasti
-        frame.f_trace_opcodes = True
+        self._pend(frame, starts=True)
         return True
 
-    def _new_frame(self, frame: FrameType, event: str, arg: object) -> None:
+    def _new_frame(self, frame: FrameType, event: str, arg: object) -> Any:
+        __tracebackhide__ = True
+        if frame in self._watched:
+            return self._local  # a followed generator resumed: still followed
+        caller = frame.f_back
+        if caller is None or caller not in self._pending:
+            return None
+        at, home, starts = self._origin[caller]
+        if starts and caller.f_lasti != at and protection(caller) == home:
+            self._raise_again(frame)  # a call into Python code: its start, as Python's check
         return None  # frames called from now on are not traced
 
     def _revive(self, frame: FrameType, event: str, arg: Any) -> None:
@@ -198,7 +190,7 @@ class InterruptWatch:
         if self._raised_at is None:
             return set()
         frame, offset = self._raised_at
-        if _opcode(frame, offset) in _RETURNS and frame.f_back is not None:
+        if opcode(frame, offset) in RETURNS and frame.f_back is not None:
             return {frame, frame.f_back}  # its caller got it without an event
         return {frame}
 
@@ -226,17 +218,17 @@ class InterruptWatch:
                 self._handling.add(frame)  # caught here: see what this frame does with it
                 if _names_interrupt(frame):
                     self._deliberate.add(frame)
-            elif _opcode(frame) != _HANDLER_ENTRY:  # else entering a handler, still raised
+            elif opcode(frame) != _HANDLER_ENTRY:  # else entering a handler, still raised
                 self._went_on_without_it(frame)
         elif event == "return":
-            opcode = _opcode(frame)
+            op = opcode(frame)
             unwinding = self._raised_at == (frame, frame.f_lasti)  # raised again at its return
-            if opcode in _RETURNS and not unwinding:
+            if op in RETURNS and not unwinding:
                 if self._stays(frame):
                     self._raise_again(frame)  # returns as if nothing happened: the caller gets it
             elif frame is self._outermost:
                 self.disarm()  # it left the cell: IPython shows it
-            elif opcode != _YIELD:  # unwinding (a yield leaves it as it is)
+            elif not yielding(frame):  # unwinding (a yield leaves it as it is)
                 self._forget(frame)
         return self._local
 
@@ -249,17 +241,22 @@ class InterruptWatch:
 
     def _went_on_without_it(self, frame: FrameType) -> None:
         if self._stays(frame):
-            self._pending[frame] = frame.f_lasti
-            frame.f_trace_opcodes = True  # find the next point where Python delivers Ctrl-C
+            self._pend(frame)
+
+    def _pend(self, frame: FrameType, starts: bool = False) -> None:
+        """Raise it in ``frame`` at the next point where Python raises a Ctrl-C; at the start of
+        a function it calls only if ``starts`` (it came here: this is where Python would raise
+        it). A frame that went on without it may be on its way out of a ``with`` already, where
+        the ``__exit__`` it calls must run."""
+        self._pending[frame] = frame.f_lasti
+        self._origin[frame] = (frame.f_lasti, protection(frame), starts)
+        want_opcodes(frame, self._new_frame)
 
     def _step(self, frame: FrameType) -> None:
         """A frame that dropped the interrupt runs on: raise it where Python would deliver one."""
         __tracebackhide__ = True
-        last = self._pending[frame]
-        if frame.f_lasti == last:
-            return  # the line event and the opcode event of one instruction
-        self._pending[frame] = frame.f_lasti
-        if delivers_after(frame, last):
+        last, self._pending[frame] = self._pending[frame], frame.f_lasti
+        if raise_here(frame, last, self._origin[frame][1]):
             self._raise_again(frame)
 
     def _forget(self, frame: FrameType) -> None:
@@ -267,6 +264,7 @@ class InterruptWatch:
         self._handling.discard(frame)
         self._deliberate.discard(frame)
         self._pending.pop(frame, None)
+        self._origin.pop(frame, None)
         frame.f_trace = None
         if not self._watched:
             self.disarm()  # no frame left to follow it through
@@ -281,6 +279,7 @@ class InterruptWatch:
             return
         self._handling.clear()
         self._pending.clear()
+        self._origin.clear()
         raise error  # CPython switches tracing off: _revive switches it on again
 
 
