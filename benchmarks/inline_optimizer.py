@@ -13,28 +13,16 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-CELL = """
-m, opt = build(2048), keras.optimizers.Adam()
-@tf.function
-def step(xb, yb):
-    with tf.GradientTape() as tape:
-        loss = lossf(yb, m(xb, training=True))
-    grads = tape.gradient(loss, m.trainable_variables)
-    opt.apply_gradients(zip(grads, m.trainable_variables))
-step(tf.constant(x[:500]), tf.constant(y[:500]))
-"""
-SETUP = """
-import numpy as np, keras, tensorflow as tf
-x = np.random.default_rng(0).random((8000, 256), dtype=np.float32)
-y = np.random.default_rng(1).integers(0, 10, 8000)
-lossf = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-def build(width):
-    return keras.Sequential([keras.Input((256,)), keras.layers.Dense(width, activation="relu"),
-                             keras.layers.Dense(width, activation="relu"), keras.layers.Dense(10)])
-"""
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from test_oom import RECOVERY as SETUP  # the model, data and loss of the OOM tests
+from test_oom import STEP
+
+CELL = STEP.removeprefix("%%fresh_model -q\n").format(n=500)
 
 
 def main() -> None:

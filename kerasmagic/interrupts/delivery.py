@@ -24,6 +24,7 @@ from __future__ import annotations
 import dis
 import sys
 import weakref
+from dataclasses import dataclass
 from types import CodeType, FrameType
 
 RETURNS = {dis.opmap[n] for n in ("RETURN_VALUE", "RETURN_CONST") if n in dis.opmap}
@@ -108,6 +109,31 @@ def raise_here(frame: FrameType, last: int, home: Handler) -> bool:
     if opcode(frame) in _JUMPS_BACK:
         return True
     return opcode(frame, last) in _CALLS and protection(frame, last) == home
+
+
+@dataclass
+class Pending:
+    """A Ctrl-C waiting in one frame for a point where Python would raise it."""
+
+    last: int  # the frame's last instruction seen
+    origin: int  # the instruction it was in when the Ctrl-C came
+    home: Handler  # the protection it had then
+    starts: bool  # a Python function it calls may get it at its start
+
+    @classmethod
+    def at(cls, frame: FrameType, starts: bool = True) -> Pending:
+        """Wait in ``frame`` from its current instruction; ``starts=False`` for a frame that
+        went on without it, maybe on its way out of a ``with``, calling the ``__exit__``."""
+        return cls(frame.f_lasti, frame.f_lasti, protection(frame), starts)
+
+    def due(self, frame: FrameType) -> bool:
+        """At an opcode event of the frame: return whether to raise it now."""
+        last, self.last = self.last, frame.f_lasti
+        return raise_here(frame, last, self.home)
+
+    def due_in_callee(self, caller: FrameType) -> bool:
+        """At the start of a Python function ``caller`` calls: return whether to raise it there."""
+        return self.starts and caller.f_lasti != self.origin and protection(caller) == self.home
 
 
 def want_opcodes(frame: FrameType, tracer: object) -> None:

@@ -24,7 +24,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from kerasmagic.interrupts.delivery import protection, raise_here, want_opcodes, yielding
+from kerasmagic.interrupts.delivery import Pending, want_opcodes, yielding
 from kerasmagic.interrupts.ownframes import shown_plain
 from kerasmagic.interrupts.pyversions import frames_checked
 from kerasmagic.interrupts.swallowed import following
@@ -47,8 +47,7 @@ class RaiseInFrame:
         sys.settrace(self._new_frame)  # tracing on: the frame's own f_trace is called
 
     def _follow(self, frame: FrameType) -> None:
-        self._frame, self._origin = frame, frame.f_lasti  # the instruction it is in now
-        self._last, self._home = frame.f_lasti, protection(frame)
+        self._frame, self._pending = frame, Pending.at(frame)
         self._saved = (frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes)
         frame.f_trace_lines = False
         frame.f_trace = self._local
@@ -66,11 +65,7 @@ class RaiseInFrame:
             return None
         if frame is target:
             return self._local  # a generator resumed: its events are still wanted
-        if (
-            frame.f_back is target
-            and target.f_lasti != self._origin
-            and protection(target) == self._home
-        ):
+        if frame.f_back is target and self._pending.due_in_callee(target):
             self._raise()  # a call into Python code: its start, as Python's own check
         return None  # other frames are not traced
 
@@ -79,8 +74,7 @@ class RaiseInFrame:
         if frame is not self._frame:
             return None
         if event == "opcode":
-            last, self._last = self._last, frame.f_lasti
-            if raise_here(frame, last, self._home):
+            if self._pending.due(frame):
                 self._raise()
         elif event == "return" and yielding(frame) and frame.f_back is not None:
             own = self._saved[0]

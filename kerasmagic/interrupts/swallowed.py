@@ -37,15 +37,7 @@ import sys
 from types import CodeType, FrameType
 from typing import Any
 
-from kerasmagic.interrupts.delivery import (
-    RETURNS,
-    Handler,
-    opcode,
-    protection,
-    raise_here,
-    want_opcodes,
-    yielding,
-)
+from kerasmagic.interrupts.delivery import RETURNS, Pending, opcode, want_opcodes, yielding
 from kerasmagic.origin import library_file
 
 _HANDLER_ENTRY = dis.opmap.get("PUSH_EXC_INFO", -1)  # 3.11+: exception not yet in exc_info
@@ -76,9 +68,7 @@ class InterruptWatch:
         self._watched: dict[FrameType, tuple[Any, bool, bool]] = {}  # frame -> its trace settings
         self._handling: set[FrameType] = set()  # frames running an except block for it
         self._deliberate: set[FrameType] = set()  # ... one that names KeyboardInterrupt
-        self._pending: dict[FrameType, int] = {}  # went on without it -> last offset run
-        # ... -> where it was then, and whether a call from there may get it at its start
-        self._origin: dict[FrameType, tuple[int, Handler, bool]] = {}
+        self._pending: dict[FrameType, Pending] = {}  # went on without it, or lost it again
         self._profiled = False  # the profile function that revives tracing is in place
         self._raised_at: tuple[FrameType, int] | None = None  # where it was last raised again
         self._outermost: FrameType | None = None
@@ -125,7 +115,6 @@ class InterruptWatch:
         self._handling.clear()
         self._deliberate.clear()
         self._pending.clear()
-        self._origin.clear()
         self._error = self._outermost = self._raised_at = None
         self._profiled = False
 
@@ -148,10 +137,8 @@ class InterruptWatch:
         if frame in self._watched:
             return self._local  # a followed generator resumed: still followed
         caller = frame.f_back
-        if caller is None or caller not in self._pending:
-            return None
-        at, home, starts = self._origin[caller]
-        if starts and caller.f_lasti != at and protection(caller) == home:
+        pending = self._pending.get(caller) if caller is not None else None
+        if caller is not None and pending is not None and pending.due_in_callee(caller):
             self._raise_again(frame)  # a call into Python code: its start, as Python's check
         return None  # frames called from now on are not traced
 
@@ -244,19 +231,14 @@ class InterruptWatch:
             self._pend(frame)
 
     def _pend(self, frame: FrameType, starts: bool = False) -> None:
-        """Raise it in ``frame`` at the next point where Python raises a Ctrl-C; at the start of
-        a function it calls only if ``starts`` (it came here: this is where Python would raise
-        it). A frame that went on without it may be on its way out of a ``with`` already, where
-        the ``__exit__`` it calls must run."""
-        self._pending[frame] = frame.f_lasti
-        self._origin[frame] = (frame.f_lasti, protection(frame), starts)
+        """Raise it in ``frame`` at the next point where Python raises a Ctrl-C (``Pending``)."""
+        self._pending[frame] = Pending.at(frame, starts)
         want_opcodes(frame, self._new_frame)
 
     def _step(self, frame: FrameType) -> None:
         """A frame that dropped the interrupt runs on: raise it where Python would deliver one."""
         __tracebackhide__ = True
-        last, self._pending[frame] = self._pending[frame], frame.f_lasti
-        if raise_here(frame, last, self._origin[frame][1]):
+        if self._pending[frame].due(frame):
             self._raise_again(frame)
 
     def _forget(self, frame: FrameType) -> None:
@@ -264,7 +246,6 @@ class InterruptWatch:
         self._handling.discard(frame)
         self._deliberate.discard(frame)
         self._pending.pop(frame, None)
-        self._origin.pop(frame, None)
         frame.f_trace = None
         if not self._watched:
             self.disarm()  # no frame left to follow it through
@@ -279,7 +260,6 @@ class InterruptWatch:
             return
         self._handling.clear()
         self._pending.clear()
-        self._origin.clear()
         raise error  # CPython switches tracing off: _revive switches it on again
 
 
