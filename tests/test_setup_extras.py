@@ -2,8 +2,8 @@
 
 A newcomer runs the README's first ``pip install '.[...]'`` and then ``jupyter lab examples/``:
 every package an example imports, or that a kerasmagic feature it uses needs, must come with
-those extras (directly or through what they depend on). Example 04 is the exception the README
-names: JAX and PyTorch have extras of their own.
+those extras (directly or through what they depend on). Example 04 is the exception
+docs/install.md names: JAX and PyTorch have extras of their own.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.ipynb"))
-OWN_EXTRAS = {"04_backends.ipynb": {"jax", "torch"}}  # the README points to [jax] and [torch]
+OWN_EXTRAS = {"04_backends.ipynb": {"jax", "torch"}}  # docs/install.md points to [jax], [torch]
 # What a kerasmagic feature needs that the notebook does not import itself.
 FEATURES = {
     "--plot": "matplotlib",  # %gpu_mem --plot draws with matplotlib

@@ -1,8 +1,8 @@
 """What the sidebar looks like: the headline figure, the scaled history chart with its live line,
 the disabled button, the status-bar warning, and text contrast in the light and dark themes.
 
-``KERASMAGIC_SCREENSHOT_DIR=docs`` writes the README's images there: ``sidebar.png`` and
-``sidebar_dark.png`` (the panel), ``cell_badge.png`` (a cell with its badge).
+``KERASMAGIC_SCREENSHOT_DIR=docs`` writes the images README.md and docs/ show: ``sidebar.png``
+and ``sidebar_dark.png`` (the panel), ``cell_badge.png`` (a cell with its badge).
 """
 
 from __future__ import annotations
