@@ -41,6 +41,9 @@ OPTIMIZERS = (
     ("tf_keras.src.optimizers.optimizer", "_BaseOptimizer"),
 )
 _MARK = "__kerasmagic_between_models__"
+# Python 3.12 starts with some of its own objects frozen (375 on 3.12.1; 0 on 3.11 and 3.13):
+# a freeze count above this, read before any user code, is the user's.
+STARTUP_FROZEN = gc.get_freeze_count()
 
 
 class Freezer:
@@ -52,7 +55,7 @@ class Freezer:
     @classmethod
     def freeze(cls) -> None:
         if not cls.frozen:
-            if gc.get_freeze_count() == 0:  # else the user froze: theirs serves, and stays
+            if gc.get_freeze_count() <= STARTUP_FROZEN:  # else the user froze: theirs stays
                 gc.freeze()
                 cls.ours = True
             cls.frozen = True
