@@ -13,6 +13,10 @@ from IPython.core.error import UsageError
 
 MAX_MESSAGE = 200  # characters of user input echoed back in an error
 MAX_LIMIT_MB = 10**7  # 10 TB: beyond any GPU, below TensorFlow's integer limits
+# shlex reads a word a character at a time into a growing string: quadratic, 3 s for a 400 KB
+# word and hours for 100 MB. No line of options comes near this; a longer one is refused.
+MAX_LINE_CHARS = 100_000
+HELP_FLAGS = ("-h", "--help")
 
 
 def _short(text: str) -> str:
@@ -20,12 +24,16 @@ def _short(text: str) -> str:
     return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + "..."
 
 
-def parse_line(magic: Any, line: str) -> argparse.Namespace:
+def parse_line(magic: Any, line: str, cell: bool = False) -> argparse.Namespace | None:
     """Parse ``line`` with ``magic``'s ``@argument`` parser, shell-style (``--gpus ""`` is empty).
 
     IPython's own ``parse_argstring`` keeps quote characters (``'""'``) and raises a bare
     ``ValueError`` on an unbalanced quote; this raises ``UsageError`` for every bad line.
+    A valid line with ``-h``/``--help`` prints the help and returns None: run nothing.
     """
+    if len(line) > MAX_LINE_CHARS:
+        msg = f"the magic line has {len(line):,} characters; at most {MAX_LINE_CHARS:,} are read"
+        raise UsageError(msg)
     try:
         argv = shlex.split(line)
     except ValueError as exc:
@@ -34,7 +42,20 @@ def parse_line(magic: Any, line: str) -> argparse.Namespace:
         namespace: argparse.Namespace = magic.parser.parse_args(argv)
     except UsageError as exc:
         raise UsageError(_short(str(exc))) from None
+    if getattr(namespace, "help", False):
+        print(help_text(magic, cell))
+        return None
     return namespace
+
+
+def help_text(magic: Any, cell: bool = False) -> str:
+    """Return ``magic``'s usage, description and options (what ``%magic?`` shows)."""
+    text: str = magic.parser.format_help()
+    # IPython's formatter writes reST for docstrings (``::`` then the usage) and one ``%``
+    # whatever the kind of magic; a printed help reads ``usage: %%fresh_model [...]``.
+    head, _, rest = text.partition(f"%{magic.parser.prog}")
+    prefix = "%%" if cell else "%"
+    return f"usage: {prefix}{magic.parser.prog}{rest}" if head.strip(" \n:") == "" else text
 
 
 def megabytes(text: str) -> int:

@@ -102,12 +102,15 @@ class KerasMagics(Magics):
         help="Cap the Keras backend (TF, JAX, PyTorch) at MB megabytes per GPU (TF and JAX: "
         "only before they start their GPUs).",
     )
+    @argument("-h", "--help", action="store_true", help="Show this help; run nothing.")
     @no_var_expand  # a line is options, not code: and expanding an 80 KB line took minutes
     @line_magic
     def gpu_mem(self, line: str) -> None:
         """Show RAM, GPU memory per device, the Keras backend's allocator and caches (TensorFlow,
         JAX, PyTorch; others get one line), graph size and live models."""
         args = parse_line(self.gpu_mem, line)
+        if args is None:  # --help: printed
+            return
         if args.live or args.history or args.plot:
             from kerasmagic.views.liveview import show
 
@@ -170,6 +173,7 @@ class KerasMagics(Magics):
         help='GPUs of the isolated process: "0", "0,1", "" for CPU; with --on ray: GPUs per run.',
     )
     @argument("--on", metavar="BACKEND", help="Run the isolated cell on ray or ray://host:port.")
+    @argument("-h", "--help", action="store_true", help="Show this help; run nothing.")
     @no_var_expand
     @cell_magic
     def fresh_model(self, line: str, cell: str) -> Any:
@@ -181,7 +185,9 @@ class KerasMagics(Magics):
         cell does not touch are kept and listed. Non-model data is never touched.
         """
         __tracebackhide__ = True  # read by IPython's traceback formatter
-        args = parse_line(self.fresh_model, line)
+        args = parse_line(self.fresh_model, line, cell=True)
+        if args is None:  # --help: printed, the cell not run
+            return None
         if args.isolate:
             from kerasmagic.isolate.magic import run_cell_isolated
 

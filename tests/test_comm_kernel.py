@@ -96,6 +96,32 @@ def test_snapshot_request_is_answered_while_a_cell_runs(frontend: Frontend) -> N
     frontend.wait(_idle_of(msg_id), msg_type="status")
 
 
+def test_a_request_during_a_cell_prints_nothing_there_and_ctrl_c_still_stops_it(
+    tmp_path: Any,
+) -> None:
+    """``comm`` fires ``post_execute`` after each comm message, on the subshell's thread: the
+    Ctrl-C guard's end-of-cell callback printed an error into the cell there, once per request."""
+    with real_kernel(str(tmp_path)) as (km, client):
+        frontend = Frontend(client)
+        frontend.open()
+        msg_id = client.execute("import time\nfor _ in range(300): time.sleep(0.1)")
+        frontend.wait(lambda d: d["type"] == "sample")  # the cell is running
+        for i in range(3):
+            frontend.request("snapshot", f"during-{i}")
+            frontend.wait(lambda d, i=i: d.get("id") == f"during-{i}")
+        km.interrupt_kernel()
+        reply = client.get_shell_msg(timeout=60)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = client.get_shell_msg(timeout=60)
+        frontend.wait(_idle_of(msg_id), msg_type="status")
+    assert reply["content"]["status"] == "error", reply["content"]
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    printed = [m for _, m in frontend.seen if m["msg_type"] in ("stream", "display_data")]
+    assert printed == [], [m["content"] for m in printed]
+    (error,) = [m for _, m in frontend.seen if m["msg_type"] == "error"]
+    assert error["content"]["ename"] == "KeyboardInterrupt"
+
+
 def test_free_requests_during_a_cell_share_one_cleanup_and_each_gets_a_reply(
     frontend: Frontend,
 ) -> None:

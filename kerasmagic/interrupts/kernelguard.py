@@ -116,7 +116,14 @@ class KernelGuard:
         return held
 
     def close(self) -> None:
-        """The cell's code is over (first ``post_execute`` callback): record SIGINT again."""
+        """The cell's code is over (first ``post_execute`` callback): record SIGINT again.
+
+        The ``comm`` package fires ``post_execute`` after every comm message too, on the thread
+        that handled it: a subshell's, while the cell runs, where the cell is not over (and
+        ``signal.signal`` raises).
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
         if not self._guarding or _signal.getsignal(_signal.SIGINT) != self.interrupt:
             if self._guarding:
                 self._watch.disarm()  # the cell put its own handler in: follow nothing further

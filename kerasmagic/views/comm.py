@@ -8,6 +8,7 @@ validated by ``commproto``; "Free memory" and "Scan" run on the main thread betw
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -23,7 +24,15 @@ from kerasmagic.live.record import CellRecord
 from kerasmagic.shellstate import ShellState
 from kerasmagic.snapshot import MemorySnapshot, take_snapshot
 from kerasmagic.views.commjobs import MainThreadJob
-from kerasmagic.views.commproto import MAX_ID_CHARS, PROTOCOL, REQUESTS, check, message, request_id
+from kerasmagic.views.commproto import (
+    MAX_ID_CHARS,
+    PROTOCOL,
+    REQUESTS,
+    check,
+    failure,
+    message,
+    request_id,
+)
 from kerasmagic.views.commsend import send
 
 TARGET = "kerasmagic"
@@ -63,12 +72,31 @@ class Sidebar:
 
     # -- comm plumbing -----------------------------------------------------------------------
     def open(self, comm: Any, msg: dict[str, Any]) -> None:
-        """Comm target: accept a frontend's ``hello`` with the full state, refuse anything else."""
-        problem = check(msg["content"].get("data"), ("hello",))
+        """Comm target: accept a frontend's ``hello`` with the full state, refuse anything else.
+
+        Nothing raised here reaches the comm manager, which would log a traceback that the
+        kernel prints into the running cell's output: a failure is an error reply and a close.
+        """
+        try:
+            problem = check(msg["content"].get("data"), ("hello",))
+        except Exception as exc:
+            problem = failure("kerasmagic could not read the hello", exc)
         if problem is not None:
-            comm.send(message("error", id=None, error=problem))
-            comm.close()
+            self._refuse(comm, problem)
             return
+        try:
+            self._accept(comm, msg)
+        except Exception as exc:
+            self._forget(comm.comm_id)
+            self._refuse(comm, failure("kerasmagic could not open the sidebar", exc))
+
+    def _refuse(self, comm: Any, problem: str) -> None:
+        with contextlib.suppress(Exception):  # a comm that cannot send is closed all the same
+            comm.send(message("error", id=None, error=problem))
+        with contextlib.suppress(Exception):
+            comm.close()
+
+    def _accept(self, comm: Any, msg: dict[str, Any]) -> None:
         with self._lock:
             self._comms[comm.comm_id] = comm
             self._homes[comm.comm_id] = msg
@@ -102,8 +130,19 @@ class Sidebar:
 
     # -- requests (shell thread, or a subshell thread with Lab's comms-over-subshells) ------
     def _on_request(self, comm: Any, msg: dict[str, Any]) -> None:
+        """Answer one request; whatever it holds or raises, the answer is a reply or an error
+        (never a traceback, which the kernel would print into the running cell's output)."""
         self._homes[comm.comm_id] = msg
-        data = msg["content"].get("data")
+        data = None
+        try:
+            data = msg["content"].get("data")
+            self._answer(comm, data)
+        except Exception as exc:
+            error = failure("kerasmagic could not answer", exc)
+            with contextlib.suppress(Exception):
+                self._send(comm, message("error", id=request_id(data), error=error))
+
+    def _answer(self, comm: Any, data: Any) -> None:
         problem = check(data, REQUESTS)
         if problem is not None:
             self._send(comm, message("error", id=request_id(data), error=problem))

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kerasmagic.views.commproto import clip, message
+from kerasmagic.views.commproto import failure, message
 
 log = logging.getLogger(__name__)
 Answer = Callable[[Any, dict[str, Any]], None]  # (comm, message) -> sent
@@ -68,7 +68,7 @@ class MainThreadJob:
             fields = {"request": self._name, **self._work()}
         except Exception as exc:
             log.exception("kerasmagic: %s failed", self._name)
-            fields = {"error": clip(f"{self._name} failed: {type(exc).__name__}: {exc}")}
+            fields = {"error": failure(f"{self._name} failed", exc)}
         finally:  # an interrupt (KeyboardInterrupt) still answers, then goes on up
             with self._lock:
                 waiters, self._waiters = self._waiters, []

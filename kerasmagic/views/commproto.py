@@ -6,6 +6,7 @@ echoes back of the request is clipped, so a huge request never becomes a huge re
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 PROTOCOL = 1
@@ -26,27 +27,63 @@ def clip(text: str, limit: int = MAX_ECHO_CHARS) -> str:
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
+def _shortener() -> reprlib.Repr:
+    short = reprlib.Repr()  # 3.11's takes no keyword arguments
+    short.maxlevel, short.maxdict, short.maxlist, short.maxstring, short.maxother = 3, 4, 4, 60, 60
+    return short
+
+
+SHORT = _shortener()
+
+
+def brief(value: Any) -> str:
+    """Return a short ``repr`` of a request's value, whatever it holds: a huge or deep value is
+    described, never expanded (``repr`` of a 5,000-digit integer raises, of a deep list recurses).
+    """
+    if type(value) is int and value.bit_length() > 256:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    try:
+        return clip(SHORT.repr(value))
+    except (ValueError, RecursionError):
+        return f"a {type(value).__name__}"
+
+
+def failure(what: str, exc: BaseException) -> str:
+    """Return a one-line error text for ``exc``, raised while ``what``."""
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose ``__str__`` fails still gets a line
+        text = ""
+    return clip(" ".join(f"{what}: {type(exc).__name__}: {text}".split()))
+
+
 def check(data: Any, allowed: tuple[str, ...]) -> str | None:
     """Return why ``data`` is not a valid request of an ``allowed`` type, or None if it is."""
     if not isinstance(data, dict):
         return "a request must be a JSON object"
     hello = allowed == ("hello",)
     fields = HELLO_FIELDS if hello else FIELDS
-    extra = sorted(clip(repr(k), 40) for k in set(data) - fields)
+    extra = sorted(clip(brief(k), 40) for k in set(data) - fields)
     if extra:
         return clip(f"unknown fields [{', '.join(extra)}]; it has only {sorted(fields)}", 400)
     version = data.get("protocol")
     if type(version) is not int or version != PROTOCOL:
-        return f"unsupported protocol {clip(repr(version))}; this kernel speaks {PROTOCOL}"
+        return f"unsupported protocol {brief(version)}; this kernel speaks {PROTOCOL}"
     if data.get("type") not in allowed:
-        kind = clip(repr(data.get("type")))
-        return f"unknown request type {kind}; expected one of {list(allowed)}"
+        return f"unknown request type {brief(data.get('type'))}; expected one of {list(allowed)}"
     if not hello and request_id(data) is None:
-        return f"'id' must be a non-empty string of at most {MAX_ID_CHARS} characters"
+        return f"'id' must be a non-empty UTF-8 string of at most {MAX_ID_CHARS} characters"
     return None
 
 
 def request_id(data: Any) -> str | None:
-    """Return the request's ``id`` if it is valid (so it may be echoed), else None."""
+    """Return the request's ``id`` if it is valid (so it may be echoed), else None: a short
+    string that can go back on the wire (a lone surrogate, ``"\\ud800"``, cannot be UTF-8)."""
     rid = data.get("id") if isinstance(data, dict) else None
-    return rid if isinstance(rid, str) and 0 < len(rid) <= MAX_ID_CHARS else None
+    if not isinstance(rid, str) or not 0 < len(rid) <= MAX_ID_CHARS:
+        return None
+    try:
+        rid.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return rid
