@@ -1,9 +1,11 @@
 """Per-cell cost of the live monitor, and its sampler's CPU use, in one process.
 
 Runs N trivial cells in an in-process IPython shell whose namespace holds ~1M live objects
-(and, with ``--keras``, Keras models): without the extension, with only the live monitor, and
-with every part (the sidebar comm too); reports the median time per cell of each, the
-differences, and the sampler thread's CPU share while idle and while a cell runs.
+(and, with ``--keras``, Keras models): without the extension, with only the live monitor, with
+every part, and with every part while the live widget is shown and a sidebar comm is open
+(each comm message serialised to JSON, as a kernel does before sending it); reports the median
+time per cell of each, the differences, and the sampler thread's CPU share while idle and while
+a cell runs.
 Writes JSON to ``benchmarks/results/hook_overhead.json``.
 
 IPython's history thread writes each cell's input to SQLite holding the lock that the next
@@ -31,7 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import comm
 import psutil
+from comm.base_comm import BaseComm, CommManager
 from IPython.core.interactiveshell import InteractiveShell
 
 from kerasmagic import _extension
@@ -47,6 +51,41 @@ KERAS = """
 import keras, numpy as np
 models = [keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)]) for _ in range(3)]
 """
+
+
+class WireComm(BaseComm):  # type: ignore[misc]
+    """A comm that serialises what it would send, as a kernel does, and drops it."""
+
+    sent = 0
+    timed = 0  # sent while timed cells ran (not while loading, opening or warming up)
+
+    def publish_msg(self, msg_type: str, data: Any = None, **keys: Any) -> None:
+        json.dumps({"msg_type": msg_type, "data": data, "metadata": keys.get("metadata")})
+        WireComm.sent += 1
+
+
+def use_wire_comms() -> None:
+    """Make every comm (the widget's, the sidebar's) a ``WireComm`` of one fresh manager."""
+    manager = CommManager()
+    comm.get_comm_manager = lambda: manager
+    comm.create_comm = lambda **kwargs: WireComm(**kwargs)
+
+
+def show_widget_and_sidebar(shell: InteractiveShell) -> None:
+    """Display the live widget and open a sidebar comm, as a notebook with both does."""
+    from kerasmagic.live import get_monitor
+    from kerasmagic.views.comm import TARGET
+    from kerasmagic.views.widget import LiveWidget
+
+    monitor = get_monitor(shell)
+    assert monitor is not None
+    monitor.attach("widget", LiveWidget(monitor))  # what ``%gpu_mem --live`` shows in a kernel
+    content = {
+        "comm_id": "sidebar",
+        "target_name": TARGET,
+        "data": {"protocol": 1, "type": "hello"},
+    }
+    comm.get_comm_manager().comm_open(None, "", {"content": content})
 
 
 def time_cells(shell: InteractiveShell, cells: int) -> list[float]:
@@ -83,16 +122,22 @@ def sampler_share(shell: InteractiveShell, seconds: float, busy: bool) -> float:
 
 
 def cells_with_parts(
-    shell: InteractiveShell, cells: int, parts: tuple[tuple[str, str], ...]
+    shell: InteractiveShell, cells: int, parts: tuple[tuple[str, str], ...], shown: bool = False
 ) -> list[float]:
-    """Return each cell's time with the extension loaded with only ``parts``."""
+    """Return each cell's time with the extension loaded with only ``parts`` (``shown``: the
+    live widget displayed and a sidebar open too)."""
     saved = _extension.PARTS
     _extension.PARTS = parts
     try:
         shell.run_line_magic("load_ext", "kerasmagic")
+        if shown:
+            show_widget_and_sidebar(shell)
         for _ in range(20):  # let the first snapshot and the sampler's start settle
             shell.run_cell("pass", store_history=True)
+        sent = WireComm.sent
         times = time_cells(shell, cells)
+        if shown:
+            WireComm.timed += WireComm.sent - sent
         shell.run_line_magic("unload_ext", "kerasmagic")
     finally:
         _extension.PARTS = saved
@@ -110,6 +155,7 @@ def main() -> dict[str, Any]:
         help="let IPython's history thread commit every cell's input while cells are timed",
     )
     args = parser.parse_args()
+    use_wire_comms()
     shell = InteractiveShell.instance()
     shell.run_cell(NAMESPACE + (KERAS if args.keras else ""))
     history = shell.history_manager
@@ -118,12 +164,15 @@ def main() -> dict[str, Any]:
         history.db_cache_size = 10 * args.cells + 100  # written after the timing, at once
     # Interleave the three set-ups in rounds: IPython's own per-cell cost drifts as its history
     # grows, and measuring one set-up after another would charge that drift to the later ones.
-    rounds, times = 10, {"without": [], "live": [], "all": []}
+    rounds, times = 10, {"without": [], "live": [], "all": [], "shown": []}
     for _ in range(rounds):
         times["without"] += time_cells(shell, args.cells // rounds)
         times["live"] += cells_with_parts(shell, args.cells // rounds, LIVE_ONLY)
         times["all"] += cells_with_parts(shell, args.cells // rounds, _extension.PARTS)
-    without, with_live, with_all = (statistics.median(times[k]) for k in ("without", "live", "all"))
+        times["shown"] += cells_with_parts(shell, args.cells // rounds, _extension.PARTS, True)
+    without, with_live, with_all, shown = (
+        statistics.median(times[k]) for k in ("without", "live", "all", "shown")
+    )
     shell.run_line_magic("load_ext", "kerasmagic")
     result = {
         "cells": args.cells,
@@ -135,6 +184,9 @@ def main() -> dict[str, Any]:
         "median_with_all_parts_ms": with_all * 1e3,
         "live_monitor_added_ms": (with_live - without) * 1e3,
         "all_parts_added_ms": (with_all - without) * 1e3,
+        "median_with_widget_and_sidebar_ms": shown * 1e3,
+        "widget_and_sidebar_added_ms": (shown - without) * 1e3,
+        "comm_messages_per_cell": WireComm.timed / len(times["shown"]),
         "sampler_cpu_idle_pct": 100 * sampler_share(shell, args.sampler_s, busy=False),
         "sampler_cpu_busy_pct": 100 * sampler_share(shell, args.sampler_s, busy=True),
         "gc_objects": len(gc.get_objects()),

@@ -8,7 +8,6 @@ sidebars built before the backends list keep working (docs/protocol.md).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -20,6 +19,7 @@ from kerasmagic.backends import BackendDevice, BackendInfo, keras_backend, read_
 from kerasmagic.backends.tensorflow import info as tensorflow_info
 from kerasmagic.backends.tensorflow.alloc import TfDeviceMemory, TfInfo, read_tf
 from kerasmagic.backends.tensorflow.graph import GraphInfo, read_graph
+from kerasmagic.plain import as_dict
 from kerasmagic.probes import (
     GpuDevice,
     GpuInfo,
@@ -82,8 +82,8 @@ class MemorySnapshot:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict (``version`` first) that ``json.dumps`` accepts."""
-        data = {"version": SCHEMA_VERSION, **dataclasses.asdict(self)}
-        data["tf"], data["graph"] = dataclasses.asdict(self.tf), dataclasses.asdict(self.graph)
+        data = {"version": SCHEMA_VERSION, **as_dict(self)}
+        data["tf"], data["graph"] = as_dict(self.tf), as_dict(self.graph)
         return data
 
     def to_json(self) -> str:
@@ -167,7 +167,7 @@ class SnapshotDelta:
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict for JSON (with TensorFlow's changes also by their old names)."""
         legacy = ("tf_current_bytes", *GRAPH_FIGURES)
-        return {**dataclasses.asdict(self), **{name: getattr(self, name) for name in legacy}}
+        return {**as_dict(self), **{name: getattr(self, name) for name in legacy}}
 
 
 def _minus(after: int | None, before: int | None) -> int | None:

@@ -115,7 +115,7 @@ def test_jax_kernel_stays_flat_and_shows_jax(kernel: Kernel) -> None:
     assert data["keras_backend"] == "jax" and data["backends"][0]["name"] == "jax"
     widget = kernel.run(
         "from kerasmagic.views.widget import LiveWidget\nfrom kerasmagic.live import get_monitor\n"
-        "w = LiveWidget(get_monitor(get_ipython()))\nprint(w.backend, '|', w.children[1].value)"
+        "w = LiveWidget(get_monitor(get_ipython()))\nprint(w.backend, '|', w.part('figures'))"
     )
     assert (
         widget.startswith("jax |") and "live arrays" in widget and "custom gradients" not in widget

@@ -175,3 +175,32 @@ def test_counts_read_as_english() -> None:
     assert _opt(3, "live models in the namespace") == "3 live models in the namespace"
     assert _opt(1, "auto-named layers (name counter)") == "1 auto-named layer (name counter)"
     assert _opt(None, "traced functions") is None
+
+
+def test_as_dict_returns_what_dataclasses_asdict_returns() -> None:
+    """The snapshot's fast ``as_dict`` (serialised after every cell) equals ``asdict``."""
+    import dataclasses
+
+    from kerasmagic.plain import as_dict
+
+    @dataclasses.dataclass
+    class Leaf:
+        n: int
+        s: str | None
+        f: float = 0.5
+
+    @dataclasses.dataclass
+    class Tree:
+        leaves: list[Leaf]
+        pair: tuple[Leaf, int]
+        by_name: dict[str, Leaf]
+        tags: set[str]
+
+    tree = Tree([Leaf(1, "a")], (Leaf(2, None), 3), {"x": Leaf(4, "b", 1e300)}, {"t"})
+    snap = take_snapshot()
+    delta = diff(snap, take_snapshot())
+    for obj in (tree, snap, snap.tf, snap.graph, delta):
+        assert as_dict(obj) == dataclasses.asdict(obj)
+    copied = as_dict(tree)
+    assert copied["tags"] is not tree.tags and copied["leaves"] is not tree.leaves
+    assert type(copied["pair"]) is tuple and copied["pair"][0] == {"n": 2, "s": None, "f": 0.5}

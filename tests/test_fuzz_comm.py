@@ -26,6 +26,7 @@ from conftest import kernel_run, real_kernel
 from IPython.core.interactiveshell import InteractiveShell
 from jupyter_client.session import json_packer
 
+from kerasmagic.snapshot import take_snapshot
 from kerasmagic.views.comm import TARGET
 
 SEED = 26_4
@@ -227,3 +228,44 @@ def test_fuzzed_requests_over_a_real_kernel_print_nothing_in_the_cell(tmp_path: 
         if m["msg_type"] in ("stream", "error", "display_data")
     ]
     assert printed == [("stream", str({"name": "stdout", "text": "cell done\n"}))], printed
+
+
+def test_fuzzed_messages_to_the_live_widget_print_nothing(
+    manager: Manager,
+    ip: InteractiveShell,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """ipywidgets prints a traceback into the cell for a malformed widget message."""
+    from kerasmagic.live import get_monitor
+    from kerasmagic.views.widget import LiveWidget
+
+    monitor = get_monitor(ip)
+    assert monitor is not None
+    widget = LiveWidget(monitor)
+    try:
+        wire = manager.last
+        rng = random.Random(SEED + 3)
+        capsys.readouterr()
+        for _ in range(300):
+            data = request(rng, {"method": rng.choice(["update", "request_state", "custom"])})
+            before = len(wire.published)
+            manager.comm_msg(None, "", {"content": {"comm_id": widget.comm.comm_id, "data": data}})  # type: ignore[arg-type]
+            quiet(capsys, caplog, data)
+            if isinstance(data, dict) and data.get("method") == "request_state":
+                assert any(d.get("method") == "update" for _, d in wire.published[before:])
+        widget.show_snapshot(take_snapshot())  # and it still shows what it is fed
+        assert widget.rss_bytes > 0 and "kerasmagic-bars" in widget.value
+        manager.comm_msg(
+            None,
+            "",
+            {
+                "content": {
+                    "comm_id": widget.comm.comm_id,
+                    "data": {"method": "update", "state": {"warning": "set"}},
+                }
+            },
+        )  # type: ignore[arg-type]
+        assert widget.warning == "set"  # a valid update is still taken
+    finally:
+        widget.close()

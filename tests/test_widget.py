@@ -37,12 +37,12 @@ def test_traits_hold_the_values_shown(ip: InteractiveShell, monitor: LiveMonitor
     assert widget.last_delta_bytes == record.delta.rss_bytes > 35 * MB
     assert widget.cell_peak_rss_bytes == record.peak_rss_bytes
     assert widget.history_rss == [r.end.ram.rss_bytes for r in monitor.history()]
-    assert fmt_bytes(widget.rss_bytes) in widget.children[0].value
-    assert f"data-km-live='rss' data-bytes='{widget.rss_bytes}'" in widget.children[0].value
-    assert f"cell [2] RSS +{fmt_bytes(record.delta.rss_bytes)}" in widget.children[1].value
-    assert widget.children[2].value.count(" ") > 0 and "<polyline" in widget.children[2].value
-    assert widget.gpu_used_bytes is None and "VRAM" in widget.children[0].value
-    assert not widget.growing and "stable" in widget.children[3].value
+    assert fmt_bytes(widget.rss_bytes) in widget.part("bars")
+    assert f"data-km-live='rss' data-bytes='{widget.rss_bytes}'" in widget.part("bars")
+    assert f"cell [2] RSS +{fmt_bytes(record.delta.rss_bytes)}" in widget.part("figures")
+    assert widget.part("spark").count(" ") > 0 and "<polyline" in widget.part("spark")
+    assert widget.gpu_used_bytes is None and "VRAM" in widget.part("bars")
+    assert not widget.growing and "stable" in widget.part("alert")
     widget.close()
 
 
@@ -56,8 +56,8 @@ def test_tensorflow_tensors_are_shown_beside_rss_without_a_gpu(
     run(ip, "u = tf.zeros((500, 1000))")
     exact = tf.config.experimental.get_memory_info("CPU:0")["current"]
     assert widget.tf_in_use_bytes == exact and exact >= 6_000_000
-    assert f"data-km-live='tf' data-bytes='{exact}'" in widget.children[0].value
-    assert f"TensorFlow tensors in use: {fmt_bytes(exact)}" in widget.children[0].value
+    assert f"data-km-live='tf' data-bytes='{exact}'" in widget.part("bars")
+    assert f"TensorFlow tensors in use: {fmt_bytes(exact)}" in widget.part("bars")
     widget.close()
 
 
@@ -86,7 +86,7 @@ def test_warning_state_names_the_remedy(ip: InteractiveShell, monitor: LiveMonit
         run(ip, "keep.append(b'x' * (40 * 2**20))")
     assert widget.growing
     assert "%%fresh_model" in widget.warning and "--isolate" in widget.warning
-    assert "&#9888;" in widget.children[3].value
+    assert "&#9888;" in widget.part("alert")
     widget.close()
     run(ip, "keep.clear()")
     assert widget.last_cell == 4  # closed: no longer listening
@@ -184,7 +184,7 @@ def test_colours_are_theme_variables(ip: InteractiveShell, monitor: LiveMonitor)
     run(ip, "keep = []")
     for _ in range(3):
         run(ip, "keep.append(b'x' * (40 * 2**20))")
-    html = "".join(child.value for child in widget.children)
+    html = widget.value
     colours = re.findall(r"(?:color|background|stroke)\s*:\s*([^;'\"]+)", html)
     assert colours and all(c.strip().startswith("var(--jp-") for c in colours), colours
     assert "flex-wrap:wrap" in html  # wraps on narrow screens instead of clipping
@@ -192,10 +192,20 @@ def test_colours_are_theme_variables(ip: InteractiveShell, monitor: LiveMonitor)
     run(ip, "keep.clear()")
 
 
-def test_one_cell_is_one_state_message(ip: InteractiveShell, monitor: LiveMonitor) -> None:
-    widget = LiveWidget(monitor)
-    sent: list[dict[str, Any]] = []
-    widget.send_state = lambda key=None: sent.append({"key": key})  # type: ignore[method-assign]
+def test_one_cell_is_one_comm_message(
+    ip: InteractiveShell, monitor: LiveMonitor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every message costs the kernel a JSON dump, a signature and a send: one per cell, of
+    the traits that changed and the HTML, from the one widget (no child widgets)."""
+    from comm.base_comm import BaseComm
+
+    run(ip, "a = 0")
+    widget = LiveWidget(monitor)  # shows that cell's figures
+    sent: list[Any] = []
+    monkeypatch.setattr(BaseComm, "send", lambda self, data=None, **_: sent.append(data))
     run(ip, "a = 1")
-    assert len(sent) == 1, sent  # traits batched by hold_sync, not one message per trait
+    assert len(sent) == 1, sent
+    state = sent[0]["state"]
+    assert {"value", "last_cell"} <= set(state), state
+    assert "host_total_bytes" not in state  # unchanged: not sent again
     widget.close()

@@ -37,10 +37,9 @@ def sparkline_points(values: Sequence[int], width: int = WIDTH, height: int = HE
         return ""
     low, high = min(values), max(values)
     span = (high - low) or 1
-    step = width / max(1, len(values) - 1)
+    step, scale = width / max(1, len(values) - 1), (height - 4) / span
     return " ".join(
-        f"{i * step:.1f},{height - 2 - (v - low) / span * (height - 4):.1f}"
-        for i, v in enumerate(values)
+        f"{i * step:.1f},{height - 2 - (v - low) * scale:.1f}" for i, v in enumerate(values)
     )
 
 

@@ -1,13 +1,15 @@
 """The ipywidgets view of the live monitor: bars, figures, a sparkline and the leak warning.
 
-Only HTML widgets (no custom JavaScript), so it renders in JupyterLab, Notebook 7 and VS Code.
-The numbers shown are also traits of ``LiveWidget`` (synced, so a frontend or a test can read
-them). This module collects nothing: it is fed by ``LiveMonitor.subscribe``.
+One HTML widget (no custom JavaScript), so it renders in JupyterLab, Notebook 7 and VS Code,
+and a cell's update is one comm message: its HTML and the figures that changed. The numbers
+shown are also traits of ``LiveWidget`` (synced, so a frontend or a test can read them). This
+module collects nothing: it is fed by ``LiveMonitor.subscribe``.
 """
 
 from __future__ import annotations
 
 import html
+import logging
 import threading
 from typing import Any
 
@@ -20,7 +22,9 @@ from kerasmagic.snapshot import MemorySnapshot
 from kerasmagic.units import fmt_bytes, signed_bytes
 from kerasmagic.views.svg import bar_html, sparkline_svg
 
+log = logging.getLogger(__name__)
 SPARK_CELLS = 50
+PARTS = ("bars", "figures", "spark", "alert")  # each a div of class kerasmagic-<part>
 # JupyterLab's theme variables (light, dark, high contrast); the fallbacks serve other frontends.
 OK_COLOUR = "var(--jp-success-color1, #2e7d32)"  # a mark only: as text it reads 4.1:1 on white
 WARN_COLOUR = "var(--jp-error-color1, #b71c1c)"
@@ -48,7 +52,7 @@ def _backend_figures(snap: MemorySnapshot) -> tuple[str, str]:
     return info.name, ", ".join(parts)
 
 
-class LiveWidget(widgets.VBox):  # type: ignore[misc]
+class LiveWidget(widgets.HTML):  # type: ignore[misc]
     """Memory of this kernel, updated after every cell and while a cell runs."""
 
     rss_bytes = Int(0).tag(sync=True)
@@ -65,7 +69,7 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
     name_counter = Int(None, allow_none=True).tag(sync=True)
     last_cell = Int(None, allow_none=True).tag(sync=True)
     last_delta_bytes = Int(None, allow_none=True).tag(sync=True)
-    history_rss = List(Int()).tag(sync=True)
+    history_rss: List[int] = List().tag(sync=True)  # ints; no per-item trait: 50 checks a cell
     samples_seen = Int(0).tag(sync=True)
     growing = Bool(False).tag(sync=True)
     warning = Unicode("").tag(sync=True)
@@ -73,20 +77,46 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
     backend_figures = Unicode("").tag(sync=True)  # its allocator and caches, in words
 
     def __init__(self, monitor: LiveMonitor, **kwargs: Any) -> None:
-        self._bars = widgets.HTML()
-        self._figures = widgets.HTML()
-        self._spark = widgets.HTML()
-        self._alert = widgets.HTML()
-        super().__init__(children=[self._bars, self._figures, self._spark, self._alert], **kwargs)
+        super().__init__(**kwargs)
         self.add_class("kerasmagic-live")
         self._lock = threading.Lock()
-        for record in monitor.history()[-SPARK_CELLS:]:
-            self.show_cell(record, monitor.verdict())
-        latest = monitor.latest()
-        if latest is not None:
-            self.show_snapshot(latest)
+        self._parts = dict.fromkeys(PARTS, "")  # the HTML of each part, in display order
+        with self.hold_sync():
+            for record in monitor.history()[-SPARK_CELLS:]:
+                self.show_cell(record, monitor.verdict())
+            latest = monitor.latest()
+            if latest is not None:
+                self.show_snapshot(latest)
         self._monitor = monitor
         self._unsubscribe = monitor.subscribe(self._on_event)
+
+    def part(self, name: str) -> str:
+        """Return the HTML of one part of the view (one of ``PARTS``)."""
+        return self._parts[name]
+
+    def _set_parts(self, **parts: str) -> None:
+        self._parts.update(parts)
+        self.value = "".join(
+            f"<div class='kerasmagic-{name}'>{inner}</div>" for name, inner in self._parts.items()
+        )
+
+    def _handle_msg(self, msg: dict[str, Any]) -> None:
+        """A frontend's message: a state request is answered and a valid update taken; anything
+        else is dropped. ipywidgets' own handler prints a traceback into the running cell for a
+        malformed message and logs an unknown method, which the kernel prints there too."""
+        content = msg.get("content")
+        data = content.get("data") if isinstance(content, dict) else None
+        if not isinstance(data, dict):
+            return
+        state = data.get("state")
+        binary = "buffer_paths" in data  # this view has no binary traits
+        try:
+            if data.get("method") == "request_state":
+                self.send_state()
+            elif data.get("method") == "update" and isinstance(state, dict) and not binary:
+                self.set_state(state)
+        except Exception:
+            log.debug("kerasmagic widget: dropped a frontend message", exc_info=True)
 
     def _on_event(self, kind: str, payload: Any) -> None:
         if kind == "sample":
@@ -97,46 +127,59 @@ class LiveWidget(widgets.VBox):  # type: ignore[misc]
     def close(self) -> None:
         """Stop listening to the monitor and close this widget and its parts."""
         self._unsubscribe()
-        for child in (self._bars, self._figures, self._spark, self._alert):
-            _close_parts(child)
-            child.close()
         _close_parts(self)
         super().close()
 
     def show_snapshot(self, snap: MemorySnapshot) -> None:
         """Show the memory figures of one snapshot (a sample or a cell's end)."""
-        with self._lock, self.hold_sync():  # one comm message for all traits, not one each
+        with self._lock, self.hold_sync():  # one comm message for all traits and the HTML
             self._show_snapshot(snap)
 
     def _show_snapshot(self, snap: MemorySnapshot) -> None:
-        self.samples_seen += 1
-        self.rss_bytes = snap.ram.rss_bytes
-        self.host_total_bytes = snap.ram.total_bytes
-        self.running_peak_rss_bytes = max(self.running_peak_rss_bytes, snap.ram.rss_bytes)
-        self.gpu_used_bytes = snap.gpu_used_bytes
         devices = snap.gpu.devices
-        self.gpu_total_bytes = sum(d.total_bytes for d in devices) if devices else None
-        self.tf_in_use_bytes, self.tf_reserved_bytes = _tf_totals(snap)
-        self.backend, self.backend_figures = _backend_figures(snap)
-        self.graph_functions = snap.graph.functions
-        self.custom_gradients = snap.graph.custom_gradients
-        self.live_models = snap.keras.live_models
-        self.name_counter = snap.keras.name_counter
-        self._bars.value = self._bars_html(snap)
-        self._figures.value = self._figures_html()
+        tf_in_use, tf_reserved = _tf_totals(snap)
+        backend, backend_figures = _backend_figures(snap)
+        self._assign(
+            samples_seen=self.samples_seen + 1,
+            rss_bytes=snap.ram.rss_bytes,
+            host_total_bytes=snap.ram.total_bytes,
+            running_peak_rss_bytes=max(self.running_peak_rss_bytes, snap.ram.rss_bytes),
+            gpu_used_bytes=snap.gpu_used_bytes,
+            gpu_total_bytes=sum(d.total_bytes for d in devices) if devices else None,
+            tf_in_use_bytes=tf_in_use,
+            tf_reserved_bytes=tf_reserved,
+            backend=backend,
+            backend_figures=backend_figures,
+            graph_functions=snap.graph.functions,
+            custom_gradients=snap.graph.custom_gradients,
+            live_models=snap.keras.live_models,
+            name_counter=snap.keras.name_counter,
+        )
+        self._set_parts(bars=self._bars_html(snap), figures=self._figures_html())
 
     def show_cell(self, record: CellRecord, verdict: LeakVerdict) -> None:
         """Show a finished cell: its delta, the sparkline and the leak verdict."""
         with self._lock, self.hold_sync():
-            self.cell_peak_rss_bytes = record.peak_rss_bytes
-            self.running_peak_rss_bytes = 0
-            self.last_cell = record.execution_count
-            self.last_delta_bytes = record.delta.rss_bytes
-            self.history_rss = [*self.history_rss, record.end.ram.rss_bytes][-SPARK_CELLS:]
-            self.growing, self.warning = verdict.growing, verdict.message if verdict.growing else ""
+            history = [*self.history_rss, record.end.ram.rss_bytes][-SPARK_CELLS:]
+            self._assign(
+                cell_peak_rss_bytes=record.peak_rss_bytes,
+                running_peak_rss_bytes=0,
+                last_cell=record.execution_count,
+                last_delta_bytes=record.delta.rss_bytes,
+                history_rss=history,
+                growing=verdict.growing,
+                warning=verdict.message if verdict.growing else "",
+            )
+            self._parts["spark"] = sparkline_svg(history, "RSS after each cell")
+            self._parts["alert"] = self._alert_html()
             self._show_snapshot(record.end)
-            self._spark.value = sparkline_svg(self.history_rss, "RSS after each cell")
-            self._alert.value = self._alert_html()
+
+    def _assign(self, **values: Any) -> None:
+        """Set the traits whose value changed: setting one costs ~4 us even to the same value,
+        and a cell sets ~20, most of them unchanged (the GPU, the backend, the warning)."""
+        for name, value in values.items():
+            if getattr(self, name) != value:
+                setattr(self, name, value)
 
     def _bars_html(self, snap: MemorySnapshot) -> str:
         ram = snap.ram
