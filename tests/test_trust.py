@@ -696,6 +696,56 @@ def test_a_ctrl_c_as_tensorflow_leaves_graph_mode_leaves_it_eager(
     run(kip, "%%fresh_model -q\nmodel = build()\nmodel.fit(x, y, verbose=0)")
 
 
+def _interrupt_as_tf_pops_a_context_switch() -> Any:
+    """A trace function that raises KeyboardInterrupt in ``Graph.as_default``'s ``finally``,
+    before its ``context_switches.pop()`` (the block is over; its entry would stay)."""
+    import inspect
+
+    from tensorflow.python.framework import ops
+
+    controller = inspect.unwrap(ops._DefaultGraphStack.get_controller)
+    lines, first = inspect.getsourcelines(controller)
+    target = first + next(i for i, s in enumerate(lines) if "context_switches.pop()" in s)
+    fired: list[int] = []
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == target and not fired:
+            fired.append(1)
+            raise KeyboardInterrupt
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code is controller.__code__ else None
+
+    return tracer
+
+
+def _switches() -> int:
+    from tensorflow.python.eager import context
+
+    return len(context.context().context_switches.stack)
+
+
+@pytest.mark.parametrize("caught", [False, True], ids=["failed", "caught-by-the-cell"])
+def test_a_ctrl_c_as_a_graph_block_exits_leaves_no_context_switch_behind(
+    kip: InteractiveShell, capsys: Any, caught: bool
+) -> None:
+    """The entry stayed for good: every later cell ran with a stale graph on TF's stack."""
+    run(kip, "import tensorflow as tf")
+    assert _switches() == 1
+    kip.user_ns["tracer"] = _interrupt_as_tf_pops_a_context_switch()
+    fit = "build().fit(x, y, verbose=0)"
+    if caught:  # what a notebook's "stop training with Ctrl-C" cell does
+        fit = f"try:\n        {fit}\n    except KeyboardInterrupt:\n        pass"
+    cell = f"import sys\nsys.settrace(tracer)\ntry:\n    {fit}\nfinally:\n    sys.settrace(None)"
+    result = kip.run_cell(cell, store_history=True)
+    assert (result.error_in_exec is None) is caught, result.error_in_exec
+    assert "left 1 entry on its stack of context switches" in capsys.readouterr().out
+    assert _switches() == 1
+    run(kip, "model = build()\nmodel.fit(x, y, verbose=0)")
+    assert _switches() == 1 and "context switches" not in capsys.readouterr().out
+
+
 def test_a_failed_cell_inside_a_graph_it_entered_is_left_as_it_is(
     kip: InteractiveShell, capsys: Any
 ) -> None:
@@ -704,6 +754,8 @@ def test_a_failed_cell_inside_a_graph_it_entered_is_left_as_it_is(
 
     result = kip.run_cell("g = tf.Graph()\nentered = g.as_default()\nentered.__enter__()\n1 / 0")
     assert isinstance(result.error_in_exec, ZeroDivisionError)
-    assert not tf.executing_eagerly() and "eager execution is on" not in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert not tf.executing_eagerly() and "eager execution is on" not in said
+    assert _switches() == 2 and "context switches" not in said  # its entry: in use, kept
     run(kip, "entered.__exit__(None, None, None)")
-    assert tf.executing_eagerly()
+    assert tf.executing_eagerly() and _switches() == 1

@@ -9,18 +9,26 @@ thread until a restart:
   with "element 0 of tensors does not require grad".
 - TensorFlow: tracing a ``tf.function`` (``fit``'s first call) runs in graph mode; left there,
   every later ``fit`` fails with "`tf.data.Dataset` only supports Python-style iteration in
-  eager mode" (``backends/tensorflow/mode.py``).
+  eager mode" (``backends/tensorflow/mode.py``); and TensorFlow's stack of context switches
+  keeps the entry of a graph block whose entry or exit was interrupted.
 
 So a cell that started in the default mode and ended in an error with it switched gets it
 back, with one line saying so. A cell that succeeds keeps what it set:
-``torch.set_grad_enabled(False)`` on purpose is left alone.
+``torch.set_grad_enabled(False)`` on purpose is left alone. Stale context switches are dropped
+after any cell, with one line: a cell that catches the Ctrl-C (``except KeyboardInterrupt``
+around ``fit``) succeeds, and leaves them all the same.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kerasmagic.backends.tensorflow.mode import Mode, read_mode, restore_eager
+from kerasmagic.backends.tensorflow.mode import (
+    Mode,
+    drop_stale_switches,
+    read_mode,
+    restore_eager,
+)
 from kerasmagic.backends.torch import loaded_torch
 from kerasmagic.shellstate import ShellState
 
@@ -31,6 +39,10 @@ RESTORED = (
 RESTORED_EAGER = (
     "kerasmagic: the error stopped TensorFlow as it left graph mode, which left it there; "
     "eager execution is on again, as before the cell"
+)
+RESTORED_SWITCHES = (
+    "kerasmagic: the interrupt stopped TensorFlow as it entered or left a graph, which left "
+    "{n} entr{ies} on its stack of context switches; removed, as before the cell"
 )
 
 
@@ -48,6 +60,9 @@ class ModeGuard:
 
     def post_run_cell(self, result: Any) -> None:
         grad, tf, self.grad, self.tf = self.grad, self.tf, None, None
+        dropped = drop_stale_switches(tf)
+        if dropped:
+            print(RESTORED_SWITCHES.format(n=dropped, ies="y" if dropped == 1 else "ies"))
         if getattr(result, "error_in_exec", None) is None:
             return
         torch = loaded_torch()

@@ -7,6 +7,11 @@ that ``finally`` before the line that undoes the switch leaves the thread in gra
 good: every later ``fit`` fails with "`tf.data.Dataset` only supports Python-style iteration in
 eager mode", until a restart. (One that lands elsewhere in the block leaves the generator
 suspended, holding the switch, and it undoes it when the stored traceback goes.)
+
+TensorFlow also keeps a stack of context switches per thread (``init_scope`` reads it to find
+the outermost context). ``Graph.as_default`` and ``Context._mode`` push an entry before their
+``try`` and pop it in their ``finally``: a Ctrl-C that lands before the ``try`` or in the
+``finally`` before the ``pop`` ends the block and leaves its entry on the stack for good.
 """
 
 from __future__ import annotations
@@ -34,6 +39,40 @@ def read_mode() -> Mode | None:
         return None
     graphs = getattr(getattr(ops, "_default_graph_stack", None), "stack", ())
     return Mode(bool(ctx.executing_eagerly()), len(ctx.context_switches.stack), len(graphs))
+
+
+AT_START = Mode(True, 1, 0)  # a thread's state when TensorFlow is first imported
+
+
+def drop_stale_switches(before: Mode | None) -> int:
+    """Pop the context switches left above ``before`` by blocks that are over; return how many.
+
+    An entry stays while its block is open: a graph's while that graph is on the default-graph
+    stack and the thread is in graph mode; an eager one (``init_scope`` in a graph) while a
+    graph entered since ``before`` is still open. Anything above the last such entry is left by
+    an interrupted entry or exit.
+    """
+    ctx, ops = tf_context(), sys.modules.get("tensorflow.python.framework.ops")
+    if ctx is None or ops is None:
+        return 0
+    start = before or AT_START
+    stack = ctx.context_switches.stack
+    if len(stack) <= max(1, start.switches):  # the cell's end, nearly always: nothing to read
+        return 0
+    graphs = list(getattr(getattr(ops, "_default_graph_stack", None), "stack", ()))
+    opened = graphs[start.graphs :]
+    dropped = 0
+    while len(stack) > max(1, start.switches):
+        graph = getattr(stack[-1].enter_context_fn, "__self__", None)
+        if graph is not None:
+            still_open = any(g is graph for g in opened) and not ctx.executing_eagerly()
+        else:
+            still_open = bool(opened)
+        if still_open:
+            break
+        stack.pop()
+        dropped += 1
+    return dropped
 
 
 def restore_eager(before: Mode) -> bool:
