@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from conftest import run
@@ -224,3 +225,74 @@ def test_a_cell_that_keeps_tensors_is_named_at_once(kip: InteractiveShell) -> No
     assert verdict.growing and verdict.what == "tf_tensors", verdict.message
     steps = [r.delta.tf_current_bytes for r in monitor.history()[-3:]]
     assert all(s is not None and 360_000 <= s < 2**20 for s in steps), steps  # below RSS's floor
+
+
+# -- a subclassed model with its own train_step, fed by tf.data, re-run in a real kernel ------
+SUBCLASSED_SETUP = """
+import collections, gc, numpy as np, keras, tensorflow as tf
+from tensorflow.python.eager import context
+from kerasmagic.live import get_monitor
+rng = np.random.default_rng(0)
+x = rng.random((2048, 100), dtype=np.float32); y = rng.integers(0, 10, 2048)
+def _records():  # gc-tracked objects of kerasmagic's own per-cell records
+    monitor, plain = get_monitor(get_ipython()), (dict, list, tuple, collections.deque)
+    seen, todo = set(), [monitor._history, monitor._runs_of]
+    while todo:
+        o = todo.pop()
+        ours = type(o).__module__.startswith("kerasmagic.") or type(o) in plain
+        if id(o) not in seen and gc.is_tracked(o) and ours:
+            seen.add(id(o))
+            todo.extend(gc.get_referents(o))
+    return len(seen)
+def _probe():
+    gc.collect()
+    models = sum(isinstance(o, keras.Model) for o in gc.get_objects())
+    return [tf.config.experimental.get_memory_info("CPU:0")["current"],
+            len(gc.get_objects()) - _records(), models,
+            len(context.context().list_function_names())]
+"""
+SUBCLASSED_CELL = """%%fresh_model -q
+class Classifier(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(1024, activation="relu")  # 400 KB: TF counts it
+        self.out = keras.layers.Dense(10)
+    def call(self, inputs):
+        return self.out(self.hidden(inputs))
+    def train_step(self, data):
+        xb, yb = data
+        with tf.GradientTape() as tape:
+            logits = self(xb, training=True)
+            loss = self.compute_loss(x=xb, y=yb, y_pred=logits)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+ds = tf.data.Dataset.from_tensor_slices((x, y)).map(lambda a, b: (a * 2.0, b))
+ds = ds.batch(256).prefetch(tf.data.AUTOTUNE)
+model = Classifier()
+model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+history = model.fit(ds, epochs=1, verbose=0)
+"""
+
+
+@pytest.mark.slow
+def test_a_subclassed_model_fed_by_tf_data_keeps_nothing_per_re_run(tmp_path: Any) -> None:
+    """Issue 26's 0.235 MB of RSS per re-run, read where it can be told apart: TF's allocator
+    (exact), the live models, TF's function library and Python's live objects other than
+    kerasmagic's own per-cell records. A model kept per re-run would add 1.2 MB to the
+    allocator (its 400 KB kernel and Adam's two slots) and thousands of objects."""
+    from conftest import kernel_run, kernel_value, real_kernel
+
+    with real_kernel(str(tmp_path)) as (_, client):
+        assert kernel_run(client, SUBCLASSED_SETUP)[0]["status"] == "ok"
+        probes = []
+        for _ in range(9):
+            content, text = kernel_run(client, SUBCLASSED_CELL, timeout_s=180)
+            assert content["status"] == "ok", text
+            probes.append(kernel_value(client, "_probe()"))
+    tf_bytes, objects, models, functions = (list(p) for p in zip(*probes, strict=True))
+    assert models == [1] * 9, models  # the re-run's own model, and no other
+    assert functions[1:] == [functions[1]] * 8, functions
+    # The allocator moves by tf.data's prefetch buffers (0 to 2 MB) from run to run, not up.
+    assert max(tf_bytes[6:]) - max(tf_bytes[1:4]) < 2**20, tf_bytes
+    assert objects[8] - objects[2] < 200, objects  # ~6 a re-run: IPython's, none a model's
