@@ -6,6 +6,7 @@ import ast
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -204,3 +205,40 @@ def test_as_dict_returns_what_dataclasses_asdict_returns() -> None:
     copied = as_dict(tree)
     assert copied["tags"] is not tree.tags and copied["leaves"] is not tree.leaves
     assert type(copied["pair"]) is tuple and copied["pair"][0] == {"n": 2, "s": None, "f": 0.5}
+
+
+def test_a_post_import_hook_runs_after_the_module_and_goes_away(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import importlib.machinery
+    import inspect
+
+    from kerasmagic.onimport import AfterImport
+
+    (tmp_path / "km_hooked.py").write_text("VALUE = 41\n")
+    (tmp_path / "km_failing.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[int] = []
+    hook = AfterImport(["km_hooked"], lambda: seen.append(sys.modules["km_hooked"].VALUE))
+
+    def broken() -> None:
+        raise RuntimeError("the hook's own bug")
+
+    failing = AfterImport(["km_failing"], broken)
+    hook.install()
+    failing.install()
+    try:
+        import km_failing  # type: ignore[import-not-found]
+        import km_hooked  # type: ignore[import-not-found]
+    finally:
+        hook.uninstall()
+        failing.uninstall()
+        sys.modules.pop("km_hooked", None)
+        sys.modules.pop("km_failing", None)
+    assert seen == [41]  # after the module ran, once
+    assert km_failing.VALUE == 1  # a failing hook is a warning, never a failed import
+    assert "post-import hook failed" in caplog.text
+    assert isinstance(km_hooked.__loader__, importlib.machinery.SourceFileLoader)
+    assert km_hooked.__spec__.loader is km_hooked.__loader__
+    assert "VALUE = 41" in inspect.getsource(km_hooked)
+    assert hook not in sys.meta_path and failing not in sys.meta_path

@@ -281,10 +281,17 @@ def test_help_is_generated(ip: InteractiveShell) -> None:
 
 
 def test_unload_removes_magics(ip: InteractiveShell) -> None:
+    from kerasmagic.onimport import AfterImport
+
+    def hooks() -> int:  # the loop guard's post-import hook for Keras's optimizers
+        return sum(isinstance(finder, AfterImport) for finder in sys.meta_path)
+
+    assert hooks() == 1
     ip.run_line_magic("unload_ext", "kerasmagic")
     assert ip.find_cell_magic("fresh_model") is None and ip.find_line_magic("gpu_mem") is None
+    assert hooks() == 0
     ip.run_line_magic("load_ext", "kerasmagic")
-    assert ip.find_cell_magic("fresh_model") is not None
+    assert ip.find_cell_magic("fresh_model") is not None and hooks() == 1
 
 
 def test_a_part_that_fails_to_load_rolls_the_whole_load_back(

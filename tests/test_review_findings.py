@@ -210,4 +210,7 @@ def test_a_loop_in_the_cell_that_first_imports_keras_stays_flat() -> None:
     from test_backends import python
 
     counts = python(ONE_CELL, KERAS_BACKEND="tensorflow")
-    assert counts[5] <= counts[2], counts
+    # Flat from the third fold (the first fold's model waits for the cell's end: it existed at
+    # the freeze), run after run: the wrap is installed as Keras's optimizers are imported,
+    # not when a sampler next looks (which let one or two more folds in, by timing).
+    assert counts[2:] == [counts[2]] * 4, counts

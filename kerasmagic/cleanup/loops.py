@@ -32,6 +32,7 @@ from kerasmagic.backends.tensorflow.graph import custom_gradient_count
 from kerasmagic.backends.tensorflow.purge import purge_custom_gradients
 from kerasmagic.backends.tensorflow.traces import clear_stale_traces
 from kerasmagic.interrupts.held import held_interrupts
+from kerasmagic.onimport import AfterImport
 from kerasmagic.shellstate import ShellState
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class LoopGuard:
         self.freed = 0  # custom gradients purged between models, over the session
         self.patched: list[tuple[type, Callable[..., Any]]] = []
         self.in_cell = False  # between pre_run_cell and post_run_cell: a cell end will thaw
-        self._lock = threading.Lock()  # the main thread and the sampler's may both install
+        self._lock = threading.Lock()  # any thread may import Keras, and so install
 
     def install(self) -> None:
         """Wrap the optimizers' ``build`` of the Keras packages imported so far (idempotent)."""
@@ -151,36 +152,31 @@ Hooks = tuple[LoopGuard, Callable[[Any], None], Callable[[Any], None], Callable[
 
 
 def load(state: ShellState) -> Hooks:
-    """Guard the shell's loops: wrap the optimizers once Keras is imported (at a cell's start,
-    or while a cell runs, from the live monitor's sampler: a loop in the cell that imports Keras
-    is guarded from its first folds), thaw at cell end."""
+    """Guard the shell's loops: wrap the optimizers as soon as Keras defines them (now, if it is
+    imported; else right after its optimizer module is, mid-cell too: a loop in the cell that
+    imports Keras is guarded from its first fold), thaw at cell end."""
     shell = state.shell
     guard = LoopGuard(shell.user_ns)
 
     def before(info: Any) -> None:
         guard.in_cell = True
-        guard.install()  # Keras imported since: cheap when nothing new is there
 
     def after(result: Any) -> None:
         guard.in_cell = False
         Freezer.thaw()
 
-    def sampled(kind: str, payload: Any) -> None:
-        if kind == "sample" and guard.in_cell:
-            guard.install()
-
+    hook = AfterImport([module for module, _ in OPTIMIZERS], guard.install)
+    hook.install()
     guard.install()
     shell.events.register("pre_run_cell", before)
     shell.events.register("post_run_cell", after)
-    monitor = state.part("live")
-    stop = monitor.subscribe(sampled) if monitor is not None else (lambda: None)
-    return guard, before, after, stop
+    return guard, before, after, hook.uninstall
 
 
 def unload(state: ShellState, hooks: Hooks) -> None:
     """Unwrap the optimizers and remove the hooks."""
-    guard, before, after, stop = hooks
-    stop()
+    guard, before, after, uninstall = hooks
+    uninstall()
     guard.uninstall()
     state.shell.events.unregister("pre_run_cell", before)
     state.shell.events.unregister("post_run_cell", after)

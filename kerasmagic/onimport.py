@@ -1,0 +1,91 @@
+"""Run a callback as soon as a module has been imported: a post-import hook that can be removed.
+
+``AfterImport`` sits first in ``sys.meta_path`` and answers only for the modules it names: it
+asks the other finders for the real spec and wraps its loader, which runs the module as usual
+and then the callback, on whatever thread imported it. The module keeps its real loader.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import logging
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Call ``callback()`` right after any of ``names`` is imported (each time it is)."""
+
+    def __init__(self, names: Sequence[str], callback: Callable[[], None]) -> None:
+        self._names = frozenset(names)
+        self._callback = callback
+        self._finding = threading.local()  # the other finders may import: not through us
+
+    def install(self) -> None:
+        """Put the hook first in ``sys.meta_path`` (once)."""
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def uninstall(self) -> None:
+        """Take the hook out of ``sys.meta_path``."""
+        while self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname not in self._names or getattr(self._finding, "on", False):
+            return None
+        self._finding.on = True
+        try:
+            spec = _spec_from_others(self, fullname, path, target)
+        finally:
+            self._finding.on = False
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _ThenCall(spec.loader, self._callback)
+        return spec
+
+
+def _spec_from_others(
+    me: Any, fullname: str, path: Sequence[str] | None, target: ModuleType | None
+) -> ModuleSpec | None:
+    for finder in list(sys.meta_path):
+        find = getattr(finder, "find_spec", None)
+        if finder is me or find is None:
+            continue
+        spec: ModuleSpec | None = find(fullname, path, target)
+        if spec is not None:
+            return spec
+    return None
+
+
+class _ThenCall(importlib.abc.Loader):
+    """A loader that runs the real one's module, then the callback."""
+
+    def __init__(self, loader: Any, callback: Callable[[], None]) -> None:
+        self._loader = loader
+        self._callback = callback
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        module: ModuleType | None = self._loader.create_module(spec)
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = self._loader  # what the module and its spec say: the real loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        try:
+            self._callback()
+        except Exception:  # a failing hook never breaks the user's import
+            log.warning("kerasmagic: a post-import hook failed", exc_info=True)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
