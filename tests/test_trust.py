@@ -654,30 +654,37 @@ def test_a_ctrl_c_inside_no_grad_enter_leaves_gradients_on(
 
 
 # -- TensorFlow's eager mode after a Ctrl-C in the finally that leaves graph mode ----------
-def _interrupt_as_tf_leaves_graph_mode() -> Any:
-    """A trace function that raises KeyboardInterrupt where a Ctrl-C can land: in
-    ``Context._mode``'s ``finally``, before ``ctx.is_eager = old_is_eager``, as ``fit``'s first
-    call finishes tracing its train step (the state CI met after a random Ctrl-C)."""
+def _interrupt_at(function: Any, line: str, when: Any = lambda frame: True) -> Any:
+    """A trace function that raises KeyboardInterrupt once, where a Ctrl-C can land: as
+    ``function`` (TensorFlow's) is about to run its source line containing ``line``."""
     import inspect
 
-    from tensorflow.python.eager import context
-
-    mode = inspect.unwrap(context.Context._mode)
-    lines, first = inspect.getsourcelines(mode)
-    target = first + next(i for i, s in enumerate(lines) if "ctx.is_eager = old_is_eager" in s)
+    code = inspect.unwrap(function)
+    lines, first = inspect.getsourcelines(code)
+    target = first + next(i for i, s in enumerate(lines) if line in s)
     fired: list[int] = []
 
     def local(frame: Any, event: str, arg: Any) -> Any:
-        graph = frame.f_locals.get("mode") == context.GRAPH_MODE
-        if event == "line" and frame.f_lineno == target and graph and not fired:
+        if event == "line" and frame.f_lineno == target and when(frame) and not fired:
             fired.append(1)
             raise KeyboardInterrupt
         return local
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
-        return local if frame.f_code is mode.__code__ else None
+        return local if frame.f_code is code.__code__ else None
 
     return tracer
+
+
+def _interrupt_as_tf_leaves_graph_mode() -> Any:
+    """In ``Context._mode``'s ``finally``, before ``ctx.is_eager = old_is_eager``, as ``fit``'s
+    first call finishes tracing its train step (the state CI met after a random Ctrl-C)."""
+    from tensorflow.python.eager import context
+
+    def leaving_graph_mode(frame: Any) -> bool:
+        return bool(frame.f_locals.get("mode") == context.GRAPH_MODE)
+
+    return _interrupt_at(context.Context._mode, "ctx.is_eager = old_is_eager", leaving_graph_mode)
 
 
 def test_a_ctrl_c_as_tensorflow_leaves_graph_mode_leaves_it_eager(
@@ -697,27 +704,11 @@ def test_a_ctrl_c_as_tensorflow_leaves_graph_mode_leaves_it_eager(
 
 
 def _interrupt_as_tf_pops_a_context_switch() -> Any:
-    """A trace function that raises KeyboardInterrupt in ``Graph.as_default``'s ``finally``,
-    before its ``context_switches.pop()`` (the block is over; its entry would stay)."""
-    import inspect
-
+    """In ``Graph.as_default``'s ``finally``, before its ``context_switches.pop()`` (the block
+    is over; its entry would stay)."""
     from tensorflow.python.framework import ops
 
-    controller = inspect.unwrap(ops._DefaultGraphStack.get_controller)
-    lines, first = inspect.getsourcelines(controller)
-    target = first + next(i for i, s in enumerate(lines) if "context_switches.pop()" in s)
-    fired: list[int] = []
-
-    def local(frame: Any, event: str, arg: Any) -> Any:
-        if event == "line" and frame.f_lineno == target and not fired:
-            fired.append(1)
-            raise KeyboardInterrupt
-        return local
-
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        return local if frame.f_code is controller.__code__ else None
-
-    return tracer
+    return _interrupt_at(ops._DefaultGraphStack.get_controller, "context_switches.pop()")
 
 
 def _switches() -> int:
