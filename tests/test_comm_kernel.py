@@ -122,6 +122,25 @@ def test_a_request_during_a_cell_prints_nothing_there_and_ctrl_c_still_stops_it(
     assert error["content"]["ename"] == "KeyboardInterrupt"
 
 
+def test_a_request_during_a_cell_leaves_the_cells_ctrl_c_guard_on(frontend: Frontend) -> None:
+    """ipykernel 7 runs the kernel's handler hooks for a subshell's message on the subshell's
+    thread: the guard's post-handler hook ended the guarding of the cell the main thread was
+    running, so a Ctrl-C as the cell ended escaped as "KeyboardInterrupt caught in kernel"."""
+    code = (
+        "import time\nfrom kerasmagic.shellstate import state_of\n"
+        "guard = state_of(get_ipython()).part('kernelguard')\n"
+        "for _ in range(40):\n    time.sleep(0.1)\nprint('guarding', guard._guarding)"
+    )
+    msg_id = frontend.client.execute(code)
+    frontend.wait(lambda d: d["type"] == "sample")  # the cell is running
+    for i in range(3):
+        frontend.request("snapshot", f"during-{i}")
+        frontend.wait(lambda d, i=i: d.get("id") == f"during-{i}")
+    frontend.wait(_idle_of(msg_id), msg_type="status")
+    printed = [m["content"]["text"] for _, m in frontend.seen if m["msg_type"] == "stream"]
+    assert printed == ["guarding True\n"], printed
+
+
 def test_free_requests_during_a_cell_share_one_cleanup_and_each_gets_a_reply(
     frontend: Frontend,
 ) -> None:

@@ -90,9 +90,16 @@ class KernelGuard:
         self._guarding = False
 
     def pre_handler_hook(self) -> None:
-        """Before a shell message: record SIGINT for an execute request, else ipykernel's own."""
+        """Before a shell message: record SIGINT for an execute request, else ipykernel's own.
+
+        ipykernel 7 runs both hooks for a subshell's messages too (JupyterLab's comms), on the
+        subshell's thread, while the main thread may be running a cell: signals are the main
+        thread's alone, so there they do nothing (ipykernel's own would fail there anyway).
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
         kernel = self._kernel
-        if threading.current_thread() is threading.main_thread() and self._is_execute():
+        if self._is_execute():
             self.pending = False
             self._guarding = True
             # ipykernel's own hook, with the recorder where it puts Python's default handler.
@@ -102,6 +109,8 @@ class KernelGuard:
 
     def post_handler_hook(self) -> None:
         """After a shell message: the reply is out, so a Ctrl-C still held is dropped."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # a subshell's message ended, not the cell the main thread may be running
         self._guarding = False
         self.pending = False
         type(self._kernel).post_handler_hook(self._kernel)
