@@ -16,7 +16,6 @@ MAX_LIMIT_MB = 10**7  # 10 TB: beyond any GPU, below TensorFlow's integer limits
 # shlex reads a word a character at a time into a growing string: quadratic, 3 s for a 400 KB
 # word and hours for 100 MB. No line of options comes near this; a longer one is refused.
 MAX_LINE_CHARS = 100_000
-HELP_FLAGS = ("-h", "--help")
 
 
 def _short(text: str) -> str:

@@ -15,6 +15,7 @@ from traitlets import Bool, Int, TraitError, observe, validate
 
 from kerasmagic.backends import configure_gpus, reset_peaks
 from kerasmagic.cells import runner
+from kerasmagic.cells.awaiting import no_result
 from kerasmagic.cells.compiler import compile_cell, transformed_body
 from kerasmagic.cells.reads import rebound_now
 from kerasmagic.cleanup import last_report, reset
@@ -187,7 +188,7 @@ class KerasMagics(Magics):
         __tracebackhide__ = True  # read by IPython's traceback formatter
         args = parse_line(self.fresh_model, line, cell=True)
         if args is None:  # --help: printed, the cell not run
-            return None
+            return no_result(self.ip, cell)
         if args.isolate:
             from kerasmagic.isolate.magic import run_cell_isolated
 
@@ -213,7 +214,7 @@ class KerasMagics(Magics):
         held.deliver()
         if args.dry_run:
             print(f"kerasmagic: {report.summary()}")
-            return None
+            return no_result(self.ip, cell)
         rss_before = read_ram().rss_bytes
 
         def report_line() -> None:

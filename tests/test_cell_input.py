@@ -122,6 +122,21 @@ def test_top_level_await(ip: InteractiveShell) -> None:
     assert ip.user_ns["Out"][ip.execution_count - 1] == 42
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h", "--dry-run"])
+def test_an_awaiting_cell_that_runs_nothing_is_no_error(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    """The transformer writes ``await run_cell_magic(...)``: the magic returned None for
+    ``--help`` and ``--dry-run``, and the cell raised "NoneType can't be used in 'await'"."""
+    run(ip, "import asyncio")
+    result = ip.run_cell(f"%%fresh_model {flag}\nawaited = await asyncio.sleep(0, result=1)")
+    assert result.error_in_exec is None and result.result is None, result.error_in_exec
+    assert "awaited" not in ip.user_ns  # nothing ran
+    out = capsys.readouterr().out
+    assert ("usage: %%fresh_model" if flag != "--dry-run" else "kerasmagic: ") in out
+    assert ip.run_cell_magic("fresh_model", flag, "await asyncio.sleep(0)") is None  # no loop
+
+
 def test_await_without_the_transformer_runs_on_the_shells_loop(ip: InteractiveShell) -> None:
     run(ip, "import asyncio")
     assert ip.run_cell_magic("fresh_model", "-q", "await asyncio.sleep(0, result=3)") == 3

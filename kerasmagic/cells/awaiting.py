@@ -13,6 +13,7 @@ from typing import Any
 
 from kerasmagic.cells.compiler import transformed_body
 from kerasmagic.cells.precheck import fresh_model_cell
+from kerasmagic.cells.runner import loop_running
 from kerasmagic.shellstate import ShellState
 
 
@@ -27,15 +28,31 @@ class AwaitTransformer:
         if cell is None:
             return lines
         first_line, body = cell
-        if "await" not in body and "async" not in body:  # cheap test first: cells can be MBs
-            return lines
-        try:
-            transformed = transformed_body(self.shell, body)
-        except (SyntaxError, ValueError):  # left as it is: the magic reports the error itself
-            return lines
-        if not self.shell.should_run_async(body, transformed_cell=transformed):
+        if not runs_async(self.shell, body):
             return lines
         return [f"await get_ipython().run_cell_magic('fresh_model', {first_line!r}, {body!r})\n"]
+
+
+def runs_async(shell: Any, body: str) -> bool:
+    """Whether a ``%%fresh_model`` cell with this body is awaited (the transformer's call):
+    then the magic returns an awaitable, also when it runs nothing (``--help``, ``--dry-run``)."""
+    if "await" not in body and "async" not in body:  # cheap test first: cells can be MBs
+        return False
+    try:
+        transformed = transformed_body(shell, body)
+    except (SyntaxError, ValueError):  # left as it is: the magic reports the error itself
+        return False
+    return bool(shell.should_run_async(body, transformed_cell=transformed))
+
+
+def no_result(shell: Any, body: str) -> Any:
+    """What ``%%fresh_model`` returns when it runs nothing (``--help``, ``--dry-run``): None, or
+    for a body IPython awaits (an event loop runs this code) an awaitable of None."""
+    return _nothing() if runs_async(shell, body) and loop_running() else None
+
+
+async def _nothing() -> None:
+    return None
 
 
 def load(state: ShellState) -> AwaitTransformer:

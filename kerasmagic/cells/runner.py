@@ -30,7 +30,7 @@ def run(shell: Any, cell: CompiledCell, after: Callable[[], None]) -> Any:
     glob, loc = shell.user_global_ns, shell.user_ns
     if cell.is_async:
         coro = _run_async(cell, glob, loc, after)
-        return coro if _loop_running() else shell.loop_runner(coro)
+        return coro if loop_running() else shell.loop_runner(coro)
     try:
         value = run_padded(_run_sync, cell, glob, loc)
     finally:
@@ -38,7 +38,8 @@ def run(shell: Any, cell: CompiledCell, after: Callable[[], None]) -> Any:
     return None if cell.silenced else value
 
 
-def _loop_running() -> bool:
+def loop_running() -> bool:
+    """Whether an event loop runs this code (an awaiting cell, or ipykernel's)."""
     import asyncio
 
     try:
