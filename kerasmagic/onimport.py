@@ -30,12 +30,13 @@ class AfterImport(importlib.abc.MetaPathFinder):
     def install(self) -> None:
         """Put the hook first in ``sys.meta_path`` (once)."""
         if self not in sys.meta_path:
-            sys.meta_path.insert(0, self)
+            sys.meta_path = [self, *sys.meta_path]  # a new list: an import running on another
+            # thread goes on through the one it is reading
 
     def uninstall(self) -> None:
         """Take the hook out of ``sys.meta_path``."""
-        while self in sys.meta_path:
-            sys.meta_path.remove(self)
+        if self in sys.meta_path:
+            sys.meta_path = [finder for finder in sys.meta_path if finder is not self]
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None

@@ -182,6 +182,36 @@ def test_a_rebound_slots_dataclass_lets_its_model_go_before_the_cell(kip: Intera
     assert kip.user_ns["old"]() is None
 
 
+FROZEN_BEFORE_LOAD = """
+import gc, json
+import numpy as np, keras
+data = [[i] for i in range(50_000)]
+gc.freeze()  # before kerasmagic is imported: its module reads the count as it loads
+frozen = gc.get_freeze_count()
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "kerasmagic")
+shell.run_cell('''
+x, y = np.zeros((64, 20), "float32"), np.zeros(64, "int64")
+for fold in range(2):
+    model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(2)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, verbose=0)
+''')
+print(json.dumps([frozen, gc.get_freeze_count()]))
+"""
+
+
+def test_a_freeze_made_before_the_extension_loaded_stays_the_users() -> None:
+    """The startup count (Python 3.12 freezes a few hundred of its own objects) was read as
+    kerasmagic loaded: a user's earlier freeze counted as Python's, and the loop guard's thaw
+    at the cell's end unfroze it."""
+    from test_backends import python
+
+    frozen, after = python(FROZEN_BEFORE_LOAD, KERAS_BACKEND="tensorflow")
+    assert frozen > 50_000 and after >= frozen * 0.9, (frozen, after)
+
+
 ONE_CELL = """
 import json
 from IPython.core.interactiveshell import InteractiveShell

@@ -42,9 +42,11 @@ OPTIMIZERS = (
     ("tf_keras.src.optimizers.optimizer", "_BaseOptimizer"),
 )
 _MARK = "__kerasmagic_between_models__"
-# Python 3.12 starts with some of its own objects frozen (375 on 3.12.1; 0 on 3.11 and 3.13):
-# a freeze count above this, read before any user code, is the user's.
-STARTUP_FROZEN = gc.get_freeze_count()
+# Python 3.12 starts with some of its own objects frozen (375 on 3.12.1; none on 3.11 and
+# 3.13); a user's gc.freeze() of a session freezes tens of thousands. Read when the extension
+# loads, which may be after a user's freeze: a count that large is theirs, not Python's.
+_FROZEN_NOW = gc.get_freeze_count()
+STARTUP_FROZEN = _FROZEN_NOW if _FROZEN_NOW < 1000 else 0
 
 
 class Freezer:
@@ -52,11 +54,12 @@ class Freezer:
 
     frozen = False
     ours = False  # gc.unfreeze() thaws every frozen object: only when none was the user's
+    python_frozen = STARTUP_FROZEN  # 0 after our first thaw: gc.unfreeze() thawed them too
 
     @classmethod
     def freeze(cls) -> None:
         if not cls.frozen:
-            if gc.get_freeze_count() <= STARTUP_FROZEN:  # else the user froze: theirs stays
+            if gc.get_freeze_count() <= cls.python_frozen:  # else the user froze: theirs stays
                 gc.freeze()
                 cls.ours = True
             cls.frozen = True
@@ -69,6 +72,7 @@ class Freezer:
             if cls.ours:
                 cls.ours = False
                 gc.unfreeze()
+                cls.python_frozen = 0  # Python's own startup objects are thawed with ours
 
 
 class LoopGuard:
@@ -81,13 +85,16 @@ class LoopGuard:
         self.patched: list[tuple[type, Callable[..., Any]]] = []
         self.in_cell = False  # between pre_run_cell and post_run_cell: a cell end will thaw
         self._lock = threading.Lock()  # any thread may import Keras, and so install
+        self.removed = False
 
     def install(self) -> None:
-        """Wrap the optimizers' ``build`` of the Keras packages imported so far (idempotent)."""
-        if len(self.patched) == len(OPTIMIZERS):
+        """Wrap the optimizers' ``build`` of the Keras packages imported so far (idempotent;
+        nothing once ``uninstall`` ran: an import finishing on another thread after it)."""
+        if len(self.patched) == len(OPTIMIZERS) or self.removed:
             return
         with self._lock:
-            self._install()
+            if not self.removed:
+                self._install()
 
     def _install(self) -> None:
         for module, name in OPTIMIZERS:
@@ -100,8 +107,9 @@ class LoopGuard:
             self.patched.append((cls, original))
 
     def uninstall(self) -> None:
-        """Put every wrapped ``build`` back."""
+        """Put every wrapped ``build`` back, for good."""
         with self._lock:
+            self.removed = True
             self._uninstall()
 
     def _uninstall(self) -> None:
@@ -160,16 +168,17 @@ def load(state: ShellState) -> Hooks:
 
     def before(info: Any) -> None:
         guard.in_cell = True
+        guard.install()  # ~1 us: in case an import hook ahead of ours bypassed it
 
     def after(result: Any) -> None:
         guard.in_cell = False
         Freezer.thaw()
 
-    hook = AfterImport([module for module, _ in OPTIMIZERS], guard.install)
-    hook.install()
     guard.install()
     shell.events.register("pre_run_cell", before)
     shell.events.register("post_run_cell", after)
+    hook = AfterImport([module for module, _ in OPTIMIZERS], guard.install)
+    hook.install()  # last: nothing after it can fail and leave it in sys.meta_path
     return guard, before, after, hook.uninstall
 
 
