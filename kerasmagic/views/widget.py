@@ -109,7 +109,7 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
         if not isinstance(data, dict):
             return
         state = data.get("state")
-        binary = "buffer_paths" in data  # this view has no binary traits
+        binary = bool(data.get("buffer_paths"))  # JupyterLab sends [] with every update
         try:
             if data.get("method") == "request_state":
                 self.send_state()

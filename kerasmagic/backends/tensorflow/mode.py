@@ -16,10 +16,13 @@ the outermost context). ``Graph.as_default`` and ``Context._mode`` push an entry
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass
 
 from kerasmagic.backends.tensorflow.alloc import tf_context
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,19 @@ def drop_stale_switches(before: Mode | None) -> int:
     graph entered since ``before`` is still open. Anything above the last such entry is left by
     an interrupted entry or exit.
     """
+    try:
+        return _drop_stale_switches(before)
+    except Exception:  # TF's private stacks renamed: a warning once, never a per-cell error
+        if not _failed:
+            _failed.append(True)
+            log.warning("kerasmagic: could not read TensorFlow's context switches", exc_info=True)
+        return 0
+
+
+_failed: list[bool] = []
+
+
+def _drop_stale_switches(before: Mode | None) -> int:
     ctx, ops = tf_context(), sys.modules.get("tensorflow.python.framework.ops")
     if ctx is None or ops is None:
         return 0
