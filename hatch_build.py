@@ -1,16 +1,19 @@
-"""Build the JupyterLab sidebar when a wheel is built, or say in one line why it cannot be.
+"""Build the JupyterLab sidebar with the wheel when it can be built and loaded; else go without.
 
 hatch-jupyter-builder calls :func:`build_sidebar` (``build-function`` in pyproject.toml) only
 when the sidebar is not built yet: a git checkout, not an sdist (which ships it prebuilt).
-Building it needs Node.js; without it, ``jlpm`` used to fail deep in a traceback with "Please
-install Node.js and npm before continuing installation", and an editable install went on
-silently without the sidebar (pip hides a successful build's warnings). Both now stop with one
-line that names the two ways on: install Node.js, or ``SKIP_JUPYTER_BUILDER=1`` to install the
-Python package alone. An editable install that already has a built sidebar keeps it.
+Building it needs Node.js >= 18. Without Node.js, and on Colab or Kaggle (whose frontends load
+no JupyterLab extension), the Python package installs alone: ``pip install git+...`` in a Colab
+cell needs nothing but pip. pip hides a build's warnings, so a JupyterLab user whose kerasmagic
+was built that way hears how to get the sidebar at ``%load_ext`` (``kerasmagic/sidebarcheck.py``).
+
+:class:`SidebarDataHook` (hatchling's custom hook, this file) puts the built sidebar where
+JupyterLab finds prebuilt extensions, and only when it was built.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -18,12 +21,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
 MIN_NODE = (18, 0)  # what JupyterLab 4.6's extension builder (webpack 5) needs
 BUILT = "kerasmagic/labextension/static/style.js"
+BUILT_DIR = "kerasmagic/labextension"
+SHARE = "share/jupyter/labextensions/kerasmagic"
+HOSTED = {"COLAB_RELEASE_TAG": "Colab", "KAGGLE_KERNEL_RUN_TYPE": "Kaggle"}  # set in their VMs
 MESSAGE = (
-    "kerasmagic: the JupyterLab sidebar cannot be built: {problem}. Install Node.js >= {need} "
-    "(https://nodejs.org/, or conda install nodejs) and run pip again, or run it with "
-    "SKIP_JUPYTER_BUILDER=1 to install kerasmagic without the sidebar."
+    "kerasmagic: building without the JupyterLab sidebar: {problem}. For the sidebar, install "
+    "Node.js >= {need} (https://nodejs.org/, or conda install nodejs) and run pip again."
 )
 
 
@@ -44,8 +51,17 @@ def node_problem(path: str | None = None) -> str | None:
     return None
 
 
+def hosted_notebook() -> str | None:
+    """Return "Colab" or "Kaggle" when building inside their runtime, else None."""
+    return next((name for var, name in HOSTED.items() if os.environ.get(var)), None)
+
+
 def build_sidebar(target_name: str, version: str, **kwargs: Any) -> None:
-    """hatch-jupyter-builder's build function: check Node.js, then run its ``npm_builder``."""
+    """hatch-jupyter-builder's build function: build the sidebar, or say why not and go on."""
+    host = hosted_notebook()
+    if host is not None:
+        warnings.warn(f"kerasmagic: no sidebar on {host} (it loads no JupyterLab extension)")
+        return
     problem = node_problem()
     if problem is None:
         from hatch_jupyter_builder.utils import npm_builder
@@ -53,9 +69,19 @@ def build_sidebar(target_name: str, version: str, **kwargs: Any) -> None:
         npm_builder(target_name, version, **kwargs)
         return
     if version == "editable" and Path(BUILT).exists():
-        warnings.warn(
-            f"kerasmagic: sidebar not rebuilt ({problem}); keeping the last build", stacklevel=1
-        )
+        warnings.warn(f"kerasmagic: sidebar not rebuilt ({problem}); keeping the last build")
         return
-    # SystemExit, not an exception: pip then shows this one line instead of a traceback.
-    raise SystemExit(MESSAGE.format(problem=problem, need=MIN_NODE[0]))
+    warnings.warn(MESSAGE.format(problem=problem, need=MIN_NODE[0]))
+
+
+class SidebarDataHook(BuildHookInterface):  # type: ignore[type-arg]
+    """Install the built sidebar as JupyterLab's prebuilt extension; nothing when unbuilt."""
+
+    PLUGIN_NAME = "custom"
+
+    def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        """Map the built folder and install.json into the wheel's data, if the sidebar exists."""
+        if self.target_name != "wheel" or not Path(self.root, BUILT).exists():
+            return
+        build_data["shared_data"][BUILT_DIR] = SHARE
+        build_data["shared_data"]["labextension/install.json"] = f"{SHARE}/install.json"

@@ -15,6 +15,7 @@ from typing import Any
 
 from kerasmagic.backends.tensorflow import stack as tfstack
 from kerasmagic.cells.runner import RUNNERS
+from kerasmagic.compat import notes_at_load, say_once
 from kerasmagic.native.heap import pin_mmap_threshold
 from kerasmagic.shellstate import ShellState, any_loaded, forget, register, state_of
 
@@ -57,6 +58,7 @@ def load(shell: Any) -> None:
     said = pin_mmap_threshold(magics.mmap_threshold_mb)  # big freed blocks go back to the OS
     if "refused" in said:
         log.warning("kerasmagic: %s", said)
+    say_once(notes_at_load(shell))
 
 
 def unload(shell: Any) -> None:

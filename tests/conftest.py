@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -70,6 +71,17 @@ def build(units=8):
     m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return m
 """
+
+
+def names_cell(text: str, number: int, line: int) -> bool:
+    """Return whether a shown traceback or syntax error points at line ``line`` of cell
+    ``In[number]``, in the form this IPython writes it: ``Cell In[2], line 3`` (IPython 8+),
+    or ``"<ipython-input-2-...>", line 3`` and ``----> 3`` (IPython 7)."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    if f"Cell In[{number}], line {line}" in plain:
+        return True
+    named = f"<ipython-input-{number}-" in plain
+    return named and (f", line {line}" in plain or re.search(rf"-+> {line} ", plain) is not None)
 
 
 def run(shell: InteractiveShell, code: str) -> Any:

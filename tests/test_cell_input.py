@@ -18,7 +18,7 @@ from typing import Any
 import faultcounts
 import pytest
 from conftest import kernel_run as kernel_run_text
-from conftest import real_kernel, run
+from conftest import names_cell, real_kernel, run
 from IPython.core.compilerop import CachingCompiler
 from IPython.core.error import UsageError
 from IPython.core.inputtransformer2 import TransformerManager
@@ -204,8 +204,12 @@ def test_future_import_in_the_cell_holds_for_later_cells(ip: InteractiveShell) -
 
 
 def test_magics_and_shell_commands_in_the_cell(ip: InteractiveShell) -> None:
-    fresh(ip, "out = !echo hi\n%time t = 1\nn = len(out)")
+    fresh(ip, "!echo hi\n%time t = 1\nout = %sx echo hi\nn = len(out)")
     assert list(ip.user_ns["out"]) == ["hi"] and ip.user_ns["n"] == 1 and ip.user_ns["t"] == 1
+    if ip.run_cell("plain = !echo hi").error_before_exec is not None:
+        return  # IPython 7.34 on Python 3.12+ cannot read "x = !cmd" in any cell (Colab's)
+    fresh(ip, "out2 = !echo hi\nn2 = len(out2)")
+    assert list(ip.user_ns["out2"]) == ["hi"] and ip.user_ns["n2"] == 1
 
 
 def test_two_megabyte_cell_is_parsed_in_linear_time(ip: InteractiveShell) -> None:
@@ -225,8 +229,10 @@ def test_traceback_names_the_cell_and_hides_kerasmagic(
     number = ip.execution_count
     ip.run_cell("%%fresh_model -q\nz = 1\nraise ValueError('boom')", store_history=True)
     text = output(capsys)
-    assert f"Cell In[{number}], line 3" in text and "ValueError: boom" in text
+    assert names_cell(text, number, 3) and "ValueError: boom" in text
     assert "Cell In[0]" not in text and "kerasmagic" not in text and "run_padded" not in text
+    # from the cell's own line on, as a plain cell: not IPython's call of the magic above it
+    assert "run_cell_magic" not in text and "hidden" not in text
 
 
 # --- B2: cells that do not compile are refused as plain cells are -------------------------
@@ -264,6 +270,9 @@ def test_a_cell_that_does_not_compile_is_refused_as_a_plain_cell_is(
     result = ip.run_cell(f"%%fresh_model -q\n{body}", store_history=True)
     text = output(capsys)
     error = result.error_before_exec
+    if plain.success:  # IPython 7 dedents a first line's indent: then the cell is valid
+        assert result.success and ip.execution_count == number + 1, text
+        return
     assert result.error_in_exec is None and isinstance(error, SyntaxError), text[-500:]
     assert "kerasmagic" not in text and "Traceback" not in text and "run_cell_magic" not in text
     assert "z" not in ip.user_ns and ip.execution_count == number + 1
@@ -274,9 +283,10 @@ def test_a_cell_that_does_not_compile_is_refused_as_a_plain_cell_is(
         assert shown_error(text).startswith("SyntaxError: too deeply nested")
     if error.lineno is not None:  # the magic's line is line 1: the body's lines are one down
         assert error.lineno == (plain.error_before_exec.lineno or 0) + 1  # type: ignore[union-attr]
-        where = ("Cell In[{number}], line {line}", "File <tokenize>:{line}", "File <string>:{line}")
-        # (the last two: IPython's tokenizer found it, before Python's compiler; 3.11, 3.12+)
-        assert any(w.format(number=number, line=error.lineno) in text for w in where), text
+        where = ("File <tokenize>:{line}", "File <string>:{line}", 'File "<string>", line {line}')
+        # (IPython's tokenizer found it, before Python's compiler; 3.11, 3.12+)
+        in_tokenizer = any(w.format(line=error.lineno) in text for w in where)
+        assert names_cell(text, number, error.lineno) or in_tokenizer, text
 
 
 def test_a_cell_that_does_not_compile_runs_no_cleanup(kip: InteractiveShell) -> None:
@@ -323,7 +333,7 @@ def test_an_isolated_cell_that_needs_ipython_is_refused_in_one_line(
     ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The child is plain Python: a get_ipython() there failed late, with NameError."""
-    for body in ("shell = get_ipython()\nz = 1", "%time z = 1", "z = 1\nout = !echo hi"):
+    for body in ("shell = get_ipython()\nz = 1", "%time z = 1", "z = 1\n!echo hi"):
         result = ip.run_cell(f"%%fresh_model --isolate\n{body}", store_history=True)
         text = output(capsys)
         assert text.startswith("UsageError: an isolated cell runs plain Python"), text
@@ -522,7 +532,7 @@ GOOD_CELLS = [
     "z = lambda v: v ** 2\nprint(f'{z(3)}')\n",
     "try:\n    import numpy as np\nexcept ImportError:\n    np = None\n",
     "async def g():\n    await asyncio.sleep(0)\n",
-    "%time z = 1\nout = !echo hi\n",
+    "%time z = 1\n!echo hi\n",
 ]
 BREAKS = [
     *("(", ")", "[", "]", "{", ":", "'", '"', '"""', "\\", "\t", "\x00", "\n  ", "\n\t"),
@@ -567,7 +577,8 @@ def test_no_bad_cell_shows_kerasmagic_in_a_real_kernel(tmp_path: Any) -> None:
     """Fuzzed bodies that do not compile, a Ctrl-C held through the cleanup, one the cell sends
     itself, one lost in a gc callback and a runtime error: each traceback shows the user's
     lines, never kerasmagic's."""
-    bodies = [*BAD_BODIES.values(), *fuzzed_bad_bodies(random.Random(20), 150)]
+    known = [body for body in BAD_BODIES.values() if refusal(body) is not None]  # IPython 7
+    bodies = [*known, *fuzzed_bad_bodies(random.Random(20), 150)]  # takes "  z = 1\ny = 2"
     interrupting = {
         "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nz = 1": "KeyboardInterrupt",
         INTERRUPT_IN_GC_CALLBACK: "KeyboardInterrupt",

@@ -7,12 +7,12 @@ import weakref
 from typing import Any
 
 import pytest
+from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
+from shared_cells import TRAIN_STEP
 
 from kerasmagic.backends.tensorflow.graph import custom_gradient_count
 from kerasmagic.backends.tensorflow.traces import clear_stale_traces
-from tests.conftest import run
-from tests.shared_cells import TRAIN_STEP
 
 STEP = TRAIN_STEP
 LOOP = """%%fresh_model -q

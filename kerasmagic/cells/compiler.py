@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import io
 import sys
+import tokenize
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -173,14 +175,24 @@ def compiling(filename: str, compile_fn: Callable[..., T], *args: Any) -> T:
 
 def _ends_with_semicolon(text: str, tree: ast.Module) -> bool:
     """Return whether a ``;`` follows the cell's last expression (IPython then shows no Out),
-    asking IPython's own test of the last statement's lines (not of a cell of megabytes)."""
-    from IPython.core.displayhook import DisplayHook
-
+    reading the last statement's lines only (not a cell of megabytes)."""
     last = tree.body[-1] if tree.body else None
     if not isinstance(last, ast.Expr):
         return False
-    tail = "\n".join(text.splitlines()[last.lineno - 1 :])
+    return semicolon_at_end("\n".join(text.splitlines()[last.lineno - 1 :]))
+
+
+SKIPPED_TOKENS = (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)
+
+
+def semicolon_at_end(tail: str) -> bool:
+    """Return whether ``tail``'s last token is ``;`` (IPython 7's ``DisplayHook.quiet`` and 8's
+    ``semicolon_at_end_of_expression`` test, which IPython 7 lacks)."""
     try:
-        return bool(DisplayHook.semicolon_at_end_of_expression(tail))  # type: ignore[no-untyped-call]
-    except Exception:  # tokenize's errors on a line a statement shares: as IPython, show it
+        tokens = list(tokenize.generate_tokens(io.StringIO(tail).readline))
+    except (tokenize.TokenError, SyntaxError):  # a line a statement shares: as IPython, show it
         return False
+    for token in reversed(tokens):
+        if token.type not in SKIPPED_TOKENS:
+            return token.type == tokenize.OP and token.string == ";"
+    return False

@@ -54,6 +54,7 @@ class CompileCheck:
 
     def __init__(self, shell: Any) -> None:
         self.shell = shell
+        self._refused_at: int | None = None  # the execution count when a cell was refused
 
     def __call__(self, lines: list[str]) -> list[str]:
         cell = fresh_model_cell(lines)
@@ -61,20 +62,29 @@ class CompileCheck:
             line, body = cell
             header = f"%%fresh_model {line}".rstrip()
             try:
-                code = transformed_body(self.shell, body)
-            except SyntaxError as error:  # IPython's tokenizer: count the magic's line too
-                if error.lineno is not None:
-                    error.lineno += 1
-                    error.end_lineno = None if error.end_lineno is None else error.end_lineno + 1
+                try:
+                    code = transformed_body(self.shell, body)
+                except SyntaxError as error:  # IPython's tokenizer: count the magic's line too
+                    if error.lineno is not None:
+                        error.lineno += 1
+                        end = error.end_lineno
+                        error.end_lineno = None if end is None else end + 1
+                    raise
+                check_cell(self.shell, code, header)
+            except SyntaxError:
+                self._refused_at = int(self.shell.execution_count)
                 raise
-            check_cell(self.shell, code, header)
         return lines
 
     def cell_ended(self, result: Any) -> None:
-        """Drop the body's transform and a parse the magic did not take (it refused its line)."""
+        """Drop the body's transform and a parse the magic did not take (it refused its line);
+        count a refused cell once (IPython 7 counts a cell whose transform raised twice)."""
         state = state_of(self.shell)
         if state is not None:
             state.checked = state.transformed = None  # a cell of megabytes: not kept after it
+        refused_at, self._refused_at = self._refused_at, None
+        if refused_at is not None and self.shell.execution_count == refused_at + 2:
+            self.shell.execution_count -= 1
 
 
 def load(state: ShellState) -> CompileCheck:

@@ -15,6 +15,7 @@ from types import CodeType
 from typing import Any
 
 from kerasmagic.cells.compiler import CompiledCell
+from kerasmagic.interrupts.ownframes import shown_plain
 
 PADDING_FRAMES = 32  # deeper than the frames TensorFlow captures from an eager op
 
@@ -33,9 +34,19 @@ def run(shell: Any, cell: CompiledCell, after: Callable[[], None]) -> Any:
         return coro if loop_running() else shell.loop_runner(coro)
     try:
         value = run_padded(_run_sync, cell, glob, loc)
+    except BaseException as error:
+        _from_cell(error, cell)
+        raise
     finally:
         after()
     return None if cell.silenced else value
+
+
+def _from_cell(error: BaseException, cell: CompiledCell) -> None:
+    """Make ``error`` show from the cell's frame on, as in a plain cell (SystemExit, which
+    IPython shows as one line, excepted)."""
+    if not isinstance(error, SystemExit):
+        shown_plain(error, cell.filename)
 
 
 def loop_running() -> bool:
@@ -89,6 +100,9 @@ async def _run_async(
     try:
         await _run_code(cell.body, glob, loc)
         value = None if cell.last is None else await _run_code(cell.last, glob, loc)
+    except BaseException as error:
+        _from_cell(error, cell)
+        raise
     finally:
         after()
     return None if cell.silenced else value

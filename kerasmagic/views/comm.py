@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import comm as comm_pkg
-
 from kerasmagic._version import __version__
 from kerasmagic.cleanup import CleanupReport, reset
 from kerasmagic.cleanup.scan import DeepScan, deep_scan
@@ -24,6 +22,7 @@ from kerasmagic.live.record import CellRecord
 from kerasmagic.shellstate import ShellState
 from kerasmagic.snapshot import MemorySnapshot, take_snapshot
 from kerasmagic.views.commjobs import MainThreadJob
+from kerasmagic.views.commmanager import comm_manager
 from kerasmagic.views.commproto import (
     MAX_ID_CHARS,
     PROTOCOL,
@@ -253,15 +252,21 @@ class Sidebar:
 
 
 def load(state: ShellState) -> Sidebar:
-    """Register the ``kerasmagic`` comm target; the sidebar shows the ``live`` part's monitor."""
+    """Register the ``kerasmagic`` comm target; the sidebar shows the ``live`` part's monitor.
+
+    A shell with no comm manager (ipykernel 6.17's terminal IPython without the ``comm``
+    package) gets a sidebar no frontend can open: nothing to register, nothing to say.
+    """
     sidebar = Sidebar(state.shell, state.magics, state.part("live"))
-    comm_pkg.get_comm_manager().register_target(TARGET, sidebar.open)
+    manager = comm_manager(state.shell)
+    if manager is not None:
+        manager.register_target(TARGET, sidebar.open)
     return sidebar
 
 
 def unload(state: ShellState, sidebar: Sidebar) -> None:
     """Unregister the target and close every sidebar comm of the shell."""
-    manager = comm_pkg.get_comm_manager()
-    if manager.targets.get(TARGET) == sidebar.open:
+    manager = comm_manager(state.shell)
+    if manager is not None and manager.targets.get(TARGET) == sidebar.open:
         manager.unregister_target(TARGET, sidebar.open)
     sidebar.close()
