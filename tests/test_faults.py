@@ -70,12 +70,13 @@ def other_kernel(
         yield km, client
 
 
-OPEN = (
-    "(lambda gc, threading, comm: [gc.collect()] and [sum(type(o).__name__ in "
+OPEN = (  # the kernel's comm manager: the comm package's, or ipykernel 6.17's own
+    "(lambda gc, threading, comms: [gc.collect()] and [sum(type(o).__name__ in "
     "('KerasMagics', 'LiveMonitor', 'LiveWidget', 'Sidebar', 'KernelGuard') "
     "for o in gc.get_objects()), sorted(t.name for t in threading.enumerate()), "
-    "len(comm.get_comm_manager().comms)])"
-    "(__import__('gc'), __import__('threading'), __import__('comm'))"
+    "len(comms.comm_manager(get_ipython()).comms)])"
+    "(__import__('gc'), __import__('threading'), "
+    "__import__('kerasmagic.views.commmanager').views.commmanager)"
 )
 
 

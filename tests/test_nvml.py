@@ -108,10 +108,18 @@ def test_no_driver_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
     inject(monkeypatch, fake)
     info = nvml.read_gpus()
     assert info.status == "no_driver"
-    assert "NVML Shared Library Not Found" in (info.message or "")
+    assert info.message == "no NVIDIA GPU"  # what a person needs, not NVML's words
     calls = []
     monkeypatch.setattr(fake, "nvmlInit", lambda: calls.append(1))
     assert nvml.read_gpus() == info and calls == []  # not re-probed on every sample
+
+
+def test_a_driver_that_does_not_start_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = make_pynvml([], init_error=NVMLError("Driver Not Loaded"))
+    inject(monkeypatch, fake)
+    info = nvml.read_gpus()
+    assert info.status == "no_driver"
+    assert info.message == "no NVIDIA GPU in use: the NVIDIA driver did not start (Driver Not Loaded)"
 
 
 def test_nvml_error_while_reading(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -75,10 +75,19 @@ def _start() -> ModuleType | GpuInfo:
         _failure = GpuInfo("error", describe(module, exc), ())
         return _failure
     except Exception as exc:  # NVMLError_LibraryNotFound, OSError, DriverNotLoaded, ...
-        _failure = GpuInfo("no_driver", f"no NVIDIA driver: {describe(module, exc)}", ())
+        _failure = GpuInfo("no_driver", _no_driver(module, exc), ())
         return _failure
     _nvml = module
     return module
+
+
+def _no_driver(nvml: ModuleType, exc: Exception) -> str:
+    """Say what NVML's failure to start means to a person: no NVIDIA GPU here (no driver
+    library at all), or a driver that is there and did not start (and why)."""
+    missing = getattr(nvml, "NVMLError_LibraryNotFound", None)
+    if isinstance(missing, type) and isinstance(exc, missing):
+        return "no NVIDIA GPU"
+    return f"no NVIDIA GPU in use: the NVIDIA driver did not start ({describe(nvml, exc)})"
 
 
 def _visible_devices(nvml: ModuleType) -> list[Visible]:

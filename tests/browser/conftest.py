@@ -91,8 +91,9 @@ def write_notebook(root: Path, name: str, cells: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def serve(tmp: Path, app: str = "lab") -> Iterator[Server]:
-    """Run ``jupyter <app>`` on 127.0.0.1 with throw-away Jupyter/IPython dirs."""
+def serve(tmp: Path, app: str = "lab", python: str = sys.executable) -> Iterator[Server]:
+    """Run ``jupyter <app>`` on 127.0.0.1 with throw-away Jupyter/IPython dirs; ``app``
+    "classic" is Notebook 6 (Colab's frontend is closest to it), run by ``python``."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
     for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR"):
         (tmp / var).mkdir()
@@ -113,20 +114,15 @@ def serve(tmp: Path, app: str = "lab") -> Iterator[Server]:
         port = s.getsockname()[1]
     log_path = tmp / f"{app}.log"
     log = log_path.open("w")
+    if app == "classic":
+        access = ["--NotebookApp.token=", "--NotebookApp.password=", f"--notebook-dir={root}"]
+        command = [python, "-m", "notebook", "--ip=127.0.0.1", *access]
+    else:
+        access = ["--IdentityProvider.token=", "--ServerApp.password="]
+        command = [python, "-m", "jupyter", app, "--ServerApp.ip=127.0.0.1", *access]
+        command.append(f"--ServerApp.root_dir={root}")
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            app,
-            "--no-browser",
-            "--allow-root",
-            f"--port={port}",
-            "--ServerApp.ip=127.0.0.1",
-            "--IdentityProvider.token=",
-            "--ServerApp.password=",
-            f"--ServerApp.root_dir={root}",
-        ],
+        [*command, "--no-browser", "--allow-root", f"--port={port}"],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
