@@ -15,7 +15,7 @@ from typing import Any
 
 from kerasmagic.backends.tensorflow import stack as tfstack
 from kerasmagic.cells.runner import RUNNERS
-from kerasmagic.compat import notes_at_load, say_once
+from kerasmagic.compat import notes_at_load, say_once, unwatch, watch
 from kerasmagic.native.heap import pin_mmap_threshold
 from kerasmagic.shellstate import ShellState, any_loaded, forget, register, state_of
 
@@ -59,6 +59,7 @@ def load(shell: Any) -> None:
     if "refused" in said:
         log.warning("kerasmagic: %s", said)
     say_once(notes_at_load(shell))
+    watch()  # a framework imported later is checked then
 
 
 def unload(shell: Any) -> None:
@@ -86,6 +87,7 @@ def _unload(state: ShellState) -> None:
         configurables.remove(magics)
     forget(shell)
     if not any_loaded():
+        unwatch()
         tfstack.uninstall()
         if "kerasmagic.probes.nvml" in sys.modules:  # never imported: nothing to stop
             sys.modules["kerasmagic.probes.nvml"].stop()

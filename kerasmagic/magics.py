@@ -20,6 +20,7 @@ from kerasmagic.cells.compiler import compile_cell, transformed_body
 from kerasmagic.cells.reads import rebound_now
 from kerasmagic.cleanup import last_report, reset
 from kerasmagic.cleanup.holders import live_models
+from kerasmagic.compat import check_now, reaches
 from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.magicargs import keep_names, megabytes, parse_line
 from kerasmagic.native.heap import MAX_MB, pin_mmap_threshold
@@ -31,6 +32,7 @@ from kerasmagic.views.render import (
     Table,
     freed_row,
     model_rows,
+    off_rows,
     snapshot_rows,
     variable_rows,
 )
@@ -130,6 +132,7 @@ class KerasMagics(Magics):
                 else "kerasmagic: no allocator peak to reset (no device keeps statistics, or "
                 "the backend has not started its devices)"
             )
+        check_now(self.ip)  # a framework imported since: what is off there is listed too
         snap = take_snapshot(self.ip.user_ns)
         models = live_models(self.ip.user_ns) if args.deep else None
         data_vars = largest_variables(self.ip.user_ns) if args.deep else None
@@ -138,9 +141,11 @@ class KerasMagics(Magics):
             if models is not None and data_vars is not None:
                 data["models"] = [dataclasses.asdict(m) for m in models]
                 data["variables"] = [dataclasses.asdict(v) for v in data_vars]
+            data["off"] = [found.to_dict() for found in reaches.off()]
             print(json.dumps(data, indent=1))
             return
-        display(Table(f"kerasmagic: memory of kernel pid {snap.pid}", snapshot_rows(snap)))
+        rows = snapshot_rows(snap) + off_rows(reaches.off())
+        display(Table(f"kerasmagic: memory of kernel pid {snap.pid}", rows))
         if models is not None and data_vars is not None:
             rows = model_rows(models) + freed_row(last_report())
             display(Table("live Keras models (what holds them, what frees them)", rows))

@@ -17,6 +17,7 @@ from kerasmagic.cleanup.backend import reset_backend
 from kerasmagic.cleanup.report import CleanupReport
 from kerasmagic.cleanup.stale import plan_cleanup
 from kerasmagic.cleanup.steps import Run, run_steps
+from kerasmagic.compat import check_now
 from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.probes import read_ram
 from kerasmagic.shellstate import current, state_of
@@ -93,6 +94,7 @@ def _reset(
     start = time.perf_counter()
     if shell is None and namespace is None:
         shell = _ipython_shell()
+    check_now(shell)  # what is off in the frameworks imported now, said once (outside IPython too)
     ns: MutableMapping[str, Any] = (
         namespace if namespace is not None else getattr(shell, "user_ns", {})
     )

@@ -10,6 +10,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from kerasmagic.compat.reaches import broken, works
+
+STATE = "keras.src.backend.common.global_state"
+
 # Keras keeps user settings in the same global state that clear_session() throws away.
 KERAS_SETTINGS = (
     "dtype_policy",  # keras.mixed_precision.set_global_policy("mixed_float16")
@@ -22,20 +26,41 @@ KERAS_SETTINGS = (
 
 
 def _keras_settings() -> dict[str, Any]:
-    state = sys.modules.get("keras.src.backend.common.global_state")
-    getter = getattr(state, "get_global_attribute", None)
-    if getter is None:
+    """Return Keras's user settings to put back after ``clear_session()``; {} when its global
+    state moved (said once: ``compat.reaches``)."""
+    state = sys.modules.get(STATE)
+    if state is None or not works("keras.global_state"):
         return {}
-    values = {name: getter(name) for name in KERAS_SETTINGS}
-    return {name: value for name, value in values.items() if value is not None}
+    try:
+        values = {name: state.get_global_attribute(name) for name in KERAS_SETTINGS}
+    except Exception as exc:
+        broken("keras.global_state", f"changed get_global_attribute ({type(exc).__name__})")
+        return {}
+    saved = {name: value for name, value in values.items() if value is not None}
+    if "dtype_policy" not in saved and _public_policy() not in (None, "float32"):
+        broken("keras.global_state", "keeps the dtype policy elsewhere than 'dtype_policy'")
+    return saved
+
+
+def _public_policy() -> str | None:
+    """Return the global dtype policy's name through Keras's public API, or None."""
+    config = getattr(sys.modules.get("keras"), "config", None)
+    read = getattr(config, "dtype_policy", None)
+    try:
+        return None if read is None else str(read().name)
+    except Exception:  # a Keras without it: nothing to compare with
+        return None
 
 
 def _restore_keras_settings(saved: dict[str, Any]) -> None:
-    state = sys.modules.get("keras.src.backend.common.global_state")
-    setter = getattr(state, "set_global_attribute", None)
-    for name, value in saved.items():
-        if setter is not None:
-            setter(name, value)
+    state = sys.modules.get(STATE)
+    if not saved or state is None:
+        return
+    try:
+        for name, value in saved.items():
+            state.set_global_attribute(name, value)
+    except Exception as exc:
+        broken("keras.global_state", f"changed set_global_attribute ({type(exc).__name__})")
 
 
 def reset_backend() -> list[str]:

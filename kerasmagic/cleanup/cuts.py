@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from kerasmagic.cleanup.tracebacks import clear_frames, drop_stored_errors
+from kerasmagic.compat.reaches import broken
 from kerasmagic.walk.children import (
     REBOUND_DEPTH,
     contents,
@@ -23,7 +24,7 @@ from kerasmagic.walk.children import (
     user_attrs,
     user_slots,
 )
-from kerasmagic.walk.state import is_a
+from kerasmagic.walk.state import instance_dict, is_a
 
 
 def models_under(
@@ -135,11 +136,20 @@ def forget_stored_errors(shell: Any | None) -> Callable[[], None]:
 
 
 def cut_link(callback: Any) -> Callable[[], None]:
-    """Cut: a callback's (``History``'s) ``.model`` link; its numbers stay."""
+    """Cut: a callback's (``History``'s) ``.model`` link; its numbers stay.
+
+    Keras 3 keeps it in ``_model`` behind a ``model`` property, tf-keras in ``model``: the key
+    that holds it is cleared. Neither there means Keras moved it: said once, nothing written
+    (a ``model`` entry would hide behind the property and cut nothing).
+    """
 
     def act() -> None:
-        key = "_model" if "_model" in callback.__dict__ else "model"
-        callback.__dict__[key] = None
+        attrs = instance_dict(callback) or {}
+        key = next((k for k in ("_model", "model") if k in attrs), None)
+        if key is None:
+            broken("keras.callback_model", "moved Callback._model")
+            return
+        attrs[key] = None
 
     return act
 

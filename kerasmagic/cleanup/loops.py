@@ -31,6 +31,7 @@ from typing import Any
 from kerasmagic.backends.tensorflow.graph import custom_gradient_count
 from kerasmagic.backends.tensorflow.purge import purge_custom_gradients
 from kerasmagic.backends.tensorflow.traces import clear_stale_traces
+from kerasmagic.compat.reaches import works
 from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.onimport import AfterImport
 from kerasmagic.shellstate import ShellState
@@ -41,6 +42,7 @@ OPTIMIZERS = (
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer"),
     ("tf_keras.src.optimizers.optimizer", "_BaseOptimizer"),
 )
+REACHES = ("keras.optimizer_build", "tf_keras.optimizer_build")  # compat's names, in order
 _MARK = "__kerasmagic_between_models__"
 # Python 3.12 starts with some of its own objects frozen (375 on 3.12.1; none on 3.11 and
 # 3.13); a user's gc.freeze() of a session freezes tens of thousands. Read when the extension
@@ -97,7 +99,9 @@ class LoopGuard:
                 self._install()
 
     def _install(self) -> None:
-        for module, name in OPTIMIZERS:
+        for (module, name), reach in zip(OPTIMIZERS, REACHES, strict=True):
+            if module in sys.modules and not works(reach):  # moved: said once, by compat
+                continue
             cls = getattr(sys.modules.get(module), name, None)
             original = cls.__dict__.get("build") if isinstance(cls, type) else None
             if original is None or getattr(original, _MARK, False):

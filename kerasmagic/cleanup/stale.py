@@ -32,6 +32,7 @@ from kerasmagic.cleanup.cuts import (
     unbind,
 )
 from kerasmagic.cleanup.tracebacks import frame_locals, stored_tracebacks
+from kerasmagic.compat.reaches import broken
 from kerasmagic.oom.detect import find_oom
 from kerasmagic.walk.names import is_user_name, scan_order
 from kerasmagic.walk.near import walk
@@ -215,22 +216,46 @@ def _release_shell(plan: Plan, shell: Any, types: tuple[type, ...]) -> None:
 def _unlink_from_kept_layers(plan: Plan) -> None:
     """A kept layer (a base model) records every later call on its outputs in its outbound
     nodes, so a kept base held every head ever built on it, and their weights. Unlink the
-    nodes of layers nothing kept owns; Keras never reads that list to compute anything."""
+    nodes of layers and operations no kept model owns (a kept model's ``keras.ops`` calls
+    stay); Keras never reads that list to compute anything."""
     if plan.types is None or not plan.roots:
         return
     if plan._owned is None:
         plan._owned = owned(plan.roots, plan.types)
+    kept = plan._owned.layers
     cut: dict[int, tuple[list[Any], list[Any]]] = {}
     for layer in plan._owned.layer_objects:
-        nodes = outbound_nodes(layer)
-        stale = [n for n in nodes or () if not plan.keeps(node_layer(n))]
+        nodes = _nodes_of(layer, plan.types)
+        ops = [node_layer(n) for n in nodes or ()]
+        if any(op is None for op in ops):  # a node whose operation cannot be read: cut nothing
+            broken(_reach_of(layer, "outbound_nodes"), "moved Node.operation")
+            continue
+        stale = [n for n, op in zip(nodes or (), ops, strict=True) if not _kept(plan, op, kept)]
         if nodes is not None and stale:
             cut[id(nodes)] = (nodes, stale)
     if cut:
         count = sum(len(stale) for _, stale in cut.values())
-        layers = "layer" if count == 1 else "layers"
-        plan.notes.append(f"unlinked {count} dropped {layers} from the graphs of kept models")
+        calls = "a layer" if count == 1 else f"{count} layers"
+        plan.notes.append(f"unlinked {calls} no kept model uses from the graphs of kept models")
         plan.unlinks.append(functools.partial(_remove_nodes, list(cut.values())))
+
+
+def _kept(plan: Plan, op: Any, kept: frozenset[int]) -> bool:
+    return id(op) in kept or plan.keeps(op)
+
+
+def _nodes_of(layer: Any, types: StateTypes) -> list[Any] | None:
+    """Return a Keras layer's outbound nodes; a Keras layer without them is said (once)."""
+    nodes = outbound_nodes(layer)
+    if nodes is None and types.kind(type(layer)) in ("model", "layer"):
+        broken(_reach_of(layer, "outbound_nodes"), "moved Operation._outbound_nodes")
+    return nodes
+
+
+def _reach_of(layer: Any, what: str) -> str:
+    """Return the name of Keras 3's or tf-keras's reach ``what`` for ``layer``'s class."""
+    module = type(layer).__module__ or ""
+    return f"tf_keras.{what}" if module.startswith("tf_keras") else f"keras.{what}"
 
 
 def _remove_nodes(found: list[tuple[list[Any], list[Any]]]) -> None:

@@ -21,6 +21,7 @@ around ``fit``) succeeds, and leaves them all the same.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from kerasmagic.backends.tensorflow.mode import (
@@ -30,6 +31,7 @@ from kerasmagic.backends.tensorflow.mode import (
     restore_eager,
 )
 from kerasmagic.backends.torch import loaded_torch
+from kerasmagic.compat.reaches import works
 from kerasmagic.shellstate import ShellState
 
 RESTORED = (
@@ -56,7 +58,8 @@ class ModeGuard:
     def pre_run_cell(self, info: Any) -> None:
         torch = loaded_torch()
         self.grad = bool(torch.is_grad_enabled()) if torch is not None else None
-        self.tf = read_mode()
+        tf_ok = "tensorflow" not in sys.modules or works("tf.modes")  # moved: said by compat
+        self.tf = read_mode() if tf_ok else None
 
     def post_run_cell(self, result: Any) -> None:
         grad, tf, self.grad, self.tf = self.grad, self.tf, None, None

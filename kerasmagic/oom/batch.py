@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kerasmagic.compat.reaches import works
 from kerasmagic.oom.detect import find_oom
 from kerasmagic.units import fmt_bytes
 
@@ -104,7 +105,8 @@ def measure_batch(
         # The probes' traces (fit traces its own). Replaced before it is unset: Keras < 3.5
         # keeps the old one among TensorFlow's tracked dependencies after ``= None``, and on
         # TF 2.16 a step that ran out keeps what it allocated with it.
-        model.make_train_function(force=True)
+        if works("keras.train_function"):  # moved: said once, by compat; the traces stay
+            model.make_train_function(force=True)
         model.train_function = None
         gc.collect()
 

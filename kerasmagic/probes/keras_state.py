@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kerasmagic.compat.reaches import works
 from kerasmagic.walk.near import count_models
 from kerasmagic.walk.state import model_types
 
@@ -32,12 +33,11 @@ def name_counter() -> int | None:
     """
     counts = []
     state = sys.modules.get("keras.src.backend.common.global_state")
-    getter = getattr(state, "get_global_attribute", None)
-    if getter is not None:
-        uids = getter("object_name_uids")
+    if state is not None and works("keras.global_state") and works("keras.name_uids"):
+        uids = state.get_global_attribute("object_name_uids")
         counts.append(int(sum(uids.values())) if uids else 0)
     legacy = getattr(sys.modules.get("tf_keras.src.backend"), "PER_GRAPH_OBJECT_NAME_UIDS", None)
-    if legacy is not None:
+    if legacy is not None and works("tf_keras.name_uids"):
         graphs = list(legacy.values())  # a copy: graphs may be collected meanwhile
         counts.append(sum(int(sum(uids.values())) for uids in graphs))
     return sum(counts) if counts else None

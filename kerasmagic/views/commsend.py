@@ -14,11 +14,15 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+from kerasmagic.compat.reaches import works
+
 
 def send(comm: Any, data: dict[str, Any], home: dict[str, Any] | None, kernel: Any) -> None:
     """Send ``data`` on ``comm`` as a reply to ``home`` (the message the comm last received)."""
     parent_var = getattr(kernel, "_shell_parent", None)  # ipykernel >= 7: a ContextVar
     if home is None or not isinstance(parent_var, contextvars.ContextVar):
+        if home is not None and kernel is not None:
+            works("ipykernel.shell_parent")  # a kernel with subshells but without it: said
         comm.send(data)
         return
 

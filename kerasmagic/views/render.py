@@ -15,6 +15,7 @@ from kerasmagic.units import fmt_bytes
 if TYPE_CHECKING:
     from kerasmagic.cleanup import CleanupReport
     from kerasmagic.cleanup.holders import LiveModel
+    from kerasmagic.compat.reaches import Off
     from kerasmagic.probes.variables import Variable
 
 Row = tuple[str, str]
@@ -159,6 +160,13 @@ def snapshot_rows(snap: MemorySnapshot) -> list[Row]:
         *_gpu_rows(snap),
         *_backends(snap),
         ("Keras", ", ".join(k for k in keras if k) or "Keras not imported"),
+    ]
+
+
+def off_rows(found: Sequence[Off]) -> list[Row]:
+    """Return one "Off" row per private structure that did not look as expected."""
+    return [
+        ("Off", f"{o.reach.consequence} ({o.reach.library} {o.version} {o.found})") for o in found
     ]
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from kerasmagic.compat.reaches import broken, works
 from kerasmagic.units import fmt_bytes
 from kerasmagic.walk.state import StateTypes, instance_dict
 
@@ -34,8 +35,10 @@ class Owned:
         key = id(obj)
         if key in self.layers or key in self.variables or key in self.others:
             return True
-        history: Any = getattr(obj, "_keras_history", None) if kind == "tensor" else None
-        return bool(history) and id(history[0]) in self.layers
+        if kind != "tensor":
+            return False
+        op, _ = keras_history(obj)
+        return op is not None and id(op) in self.layers
 
 
 def _guarded(read: Any, default: Any) -> Any:
@@ -45,12 +48,40 @@ def _guarded(read: Any, default: Any) -> Any:
         return default
 
 
+def keras_history(tensor: Any) -> tuple[Any, int]:
+    """Return the operation that computed a symbolic tensor and its node index, or (None, 0).
+
+    A ``_keras_history`` of another shape means Keras changed it: said once (``compat``),
+    and the tensor is then owned by nothing known.
+    """
+    history = getattr(tensor, "_keras_history", None)
+    if not history:
+        return None, 0
+    try:
+        op, index = history[0], history[1]
+    except Exception as exc:
+        broken("keras.keras_history", f"changed KerasTensor._keras_history ({exc})")
+        return None, 0
+    return op, index if type(index) is int else 0
+
+
 def layers_of(obj: Any) -> list[Any]:
-    """Return a layer's (or model's) layers, itself included, at any depth."""
+    """Return a layer's (or model's) layers, itself included, at any depth (itself alone when
+    Keras moved ``_flatten_layers``: said once, ``compat``)."""
     flatten = getattr(obj, "_flatten_layers", None)
-    if flatten is None:
+    if flatten is None or not works("keras.flatten_layers"):
         return [obj]
     return list(_guarded(lambda: list(flatten(include_self=True, recursive=True)), [obj]))
+
+
+def with_operations(layers: list[Any]) -> list[Any]:
+    """Return ``layers`` and the operations of the functional ones among them: a functional
+    model's graph holds calls of ``keras.ops`` functions (``expand_dims``) beside its layers."""
+    out = list(layers)
+    for layer in layers:
+        if isinstance(getattr(type(layer), "operations", None), property):
+            out.extend(_guarded(lambda x=layer: list(x.operations), []))
+    return out
 
 
 def variables_of(layer: Any) -> list[Any]:
@@ -66,10 +97,9 @@ def variables_of(layer: Any) -> list[Any]:
 
 def upstream_layers(tensor: Any) -> list[Any]:
     """Return the layers a symbolic tensor was computed through (its functional graph)."""
-    history = getattr(tensor, "_keras_history", None)
-    if not history:
+    layer, node_index = keras_history(tensor)
+    if layer is None:
         return []
-    layer, node_index = history[0], history[1]
     start = _guarded(lambda: layer._inbound_nodes[node_index], None)
     layers: dict[int, Any] = {} if layer is None else {id(layer): layer}
     todo = [start] if start is not None else []
@@ -93,7 +123,7 @@ def owned(roots: Iterable[Any], types: StateTypes) -> Owned:
     for root in roots:
         kind = types.kind(type(root))
         if kind in ("model", "layer", "metric"):
-            layers.update((id(x), x) for x in layers_of(root))
+            layers.update((id(x), x) for x in with_operations(layers_of(root)))
         elif kind == "tensor":
             for layer in upstream_layers(root):
                 layers.update((id(x), x) for x in layers_of(layer))

@@ -6,6 +6,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from kerasmagic.compat.reaches import works
+
 
 @dataclass(frozen=True)
 class TfDeviceMemory:
@@ -50,7 +52,7 @@ def tf_context() -> Any | None:
     top = sys.modules.get("tensorflow")
     if module is None or top is None or getattr(top.__spec__, "_initializing", False):
         return None
-    return module.context()
+    return module.context() if works("tf.context") else None  # moved: said once, by compat
 
 
 def runtime_initialized() -> bool:

@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass
 
 from kerasmagic.backends.tensorflow.alloc import runtime_initialized, tf_context
+from kerasmagic.compat.reaches import works
 
 CUSTOM_GRADIENT_PREFIX = "CustomGradient-"
 
@@ -25,8 +26,9 @@ _count_cache: tuple[int, int] = (-1, 0)  # (registry size, custom-gradient count
 def gradient_registry() -> dict[str, dict[str, object]] | None:
     """Return TensorFlow's gradient registry dict if TensorFlow is imported, else None."""
     ops = sys.modules.get("tensorflow.python.framework.ops")
-    registry = getattr(ops, "gradient_registry", None)
-    entries = getattr(registry, "_registry", None)
+    if ops is None or not works("tf.gradient_registry"):  # moved: said once, by compat
+        return None
+    entries = getattr(getattr(ops, "gradient_registry", None), "_registry", None)
     return entries if isinstance(entries, dict) else None
 
 
@@ -48,7 +50,8 @@ def _default_graph_ops() -> int | None:
     if ops is None:
         return None
     # Ops are never removed from a graph, so its version counter is its op count (O(1)).
-    return int(ops.get_default_graph().version)
+    version = getattr(ops.get_default_graph(), "version", None)  # tf.Graph.version: public
+    return version if isinstance(version, int) else None
 
 
 def function_count() -> int | None:

@@ -32,6 +32,7 @@ from types import CodeType
 from typing import Any
 
 from kerasmagic.backends.tensorflow import tracetree
+from kerasmagic.compat.reaches import works
 
 MAX_MAPS = 64  # source maps whose files are remembered (autograph builds one per function)
 
@@ -204,7 +205,7 @@ def install() -> str | None:
     if _original is not None:
         return None
     found = _modules()
-    if found is None:
+    if found is None or not (works("tf.stack_capture") and works("tf.debug_info")):
         return "TensorFlow's tf_stack internals not found; op stack traces left as they are"
     tf_stack, native = found
     _original = tf_stack.extract_stack

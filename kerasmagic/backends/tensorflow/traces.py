@@ -19,6 +19,7 @@ import types as pytypes
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kerasmagic.compat.reaches import works
 from kerasmagic.walk.children import attributes, function_refs, items_of
 from kerasmagic.walk.names import is_user_name
 
@@ -29,6 +30,8 @@ _LOCK_TIMEOUT_S = 0.5
 
 def _tf_types() -> tuple[type, type] | None:
     """Return (``Function``, ``FunctionCache``) if TensorFlow is imported and has them."""
+    if _FUNCTION not in sys.modules or not works("tf.function_traces"):  # said by compat
+        return None
     function = getattr(sys.modules.get(_FUNCTION), "Function", None)
     cache = getattr(sys.modules.get(_CACHE), "FunctionCache", None)
     if isinstance(function, type) and isinstance(cache, type):

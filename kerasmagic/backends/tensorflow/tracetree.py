@@ -74,7 +74,7 @@ def grow(
             index = files[filename]
         piece = _pieces.get((index, tail))
         if piece is None:
-            piece = _pieces[(index, tail)] = _field(b"\x0a", b"\x08" + _varint(index) + tail)
+            piece = _pieces[(index, tail)] = _piece(index, tail)
         node = node.children.setdefault(entry, Node(piece, files))
         pieces.append(node.piece)
     _nodes += missing
@@ -91,8 +91,7 @@ def _tails_of(
     wanted = [i for i, tail in enumerate(tails) if tail is None]
     if wanted:
         for i, (filename, lineno, func) in zip(wanted, frames(wanted), strict=True):
-            tail = b"\x10" + _varint(lineno) + _field(b"\x22", _utf8(func or ""))
-            tails[i] = _tails[entries[i]] = (filename, tail)
+            tails[i] = _tails[entries[i]] = (filename, _tail(lineno, func))
     return tails  # type: ignore[return-value]
 
 
@@ -109,8 +108,33 @@ def _with_file(files: dict[str, int], filename: str) -> dict[str, int]:
 
 def encode(node: Node, pieces: Sequence[bytes]) -> bytes:
     """Return a ``GraphDebugInfo`` with one trace ``"t"``: the stack ending at ``node``."""
+    return _document(_files(node.files), pieces)
+
+
+def encode_frames(frames: Sequence[Frame]) -> bytes:
+    """Return a ``GraphDebugInfo`` whose trace ``"t"`` is ``frames``, outermost first, written as
+    ``encode`` writes a stack (kerasmagic's self-check reads it back through TensorFlow)."""
+    files: dict[str, int] = {}
+    pieces = []
+    for filename, lineno, func in frames:
+        index = files.setdefault(filename, len(files))
+        pieces.append(_piece(index, _tail(lineno, func)))
+    return _document(b"".join(_field(b"\x0a", _utf8(name)) for name in files), pieces)
+
+
+# GraphDebugInfo's wire format: files = 1, traces = 2 (a map: key 1, value 2); StackTrace's
+# file_line_cols = 1; FileLineCol's file_index = 1, line = 2, func = 4 (varints, a string).
+def _document(files: bytes, pieces: Sequence[bytes]) -> bytes:
     entry = b"\x0a\x01t" + _field(b"\x12", b"".join(pieces))  # map entry: "t" -> StackTrace
-    return _files(node.files) + _field(b"\x12", entry)
+    return files + _field(b"\x12", entry)
+
+
+def _piece(index: int, tail: bytes) -> bytes:
+    return _field(b"\x0a", b"\x08" + _varint(index) + tail)
+
+
+def _tail(lineno: int, func: str) -> bytes:
+    return b"\x10" + _varint(lineno) + _field(b"\x22", _utf8(func or ""))
 
 
 def clear() -> int:
