@@ -119,7 +119,8 @@ def test_a_driver_that_does_not_start_says_why(monkeypatch: pytest.MonkeyPatch) 
     inject(monkeypatch, fake)
     info = nvml.read_gpus()
     assert info.status == "no_driver"
-    assert info.message == "no NVIDIA GPU in use: the NVIDIA driver did not start (Driver Not Loaded)"
+    said = "no NVIDIA GPU in use: the NVIDIA driver did not start (Driver Not Loaded)"
+    assert info.message == said
 
 
 def test_nvml_error_while_reading(monkeypatch: pytest.MonkeyPatch) -> None:
