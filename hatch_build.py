@@ -60,7 +60,7 @@ def build_sidebar(target_name: str, version: str, **kwargs: Any) -> None:
     """hatch-jupyter-builder's build function: build the sidebar, or say why not and go on."""
     host = hosted_notebook()
     if host is not None:
-        warnings.warn(f"kerasmagic: no sidebar on {host} (it loads no JupyterLab extension)")
+        warnings.warn(f"kerasmagic: no sidebar on {host} (no JupyterLab there)", stacklevel=1)
         return
     problem = node_problem()
     if problem is None:
@@ -69,9 +69,11 @@ def build_sidebar(target_name: str, version: str, **kwargs: Any) -> None:
         npm_builder(target_name, version, **kwargs)
         return
     if version == "editable" and Path(BUILT).exists():
-        warnings.warn(f"kerasmagic: sidebar not rebuilt ({problem}); keeping the last build")
+        warnings.warn(
+            f"kerasmagic: sidebar not rebuilt ({problem}); keeping the last build", stacklevel=1
+        )
         return
-    warnings.warn(MESSAGE.format(problem=problem, need=MIN_NODE[0]))
+    warnings.warn(MESSAGE.format(problem=problem, need=MIN_NODE[0]), stacklevel=1)
 
 
 class SidebarDataHook(BuildHookInterface):  # type: ignore[type-arg]
