@@ -38,8 +38,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def colab() -> tuple[str, Path]:
     """Return the Colab environment's python and the folder holding kerasmagic's wheel."""
-    python, wheels = os.environ.get("KERASMAGIC_COLAB_PYTHON"), os.environ.get(
-        "KERASMAGIC_COLAB_WHEELS"
+    python, wheels = (
+        os.environ.get("KERASMAGIC_COLAB_PYTHON"),
+        os.environ.get("KERASMAGIC_COLAB_WHEELS"),
     )
     if not python or not wheels:
         why = "needs KERASMAGIC_COLAB_PYTHON and KERASMAGIC_COLAB_WHEELS (.ci/run makes them)"
