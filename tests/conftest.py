@@ -130,10 +130,14 @@ def real_kernel(
 
 
 def kernel_run(
-    client: Any, code: str, timeout_s: float = 120, on_busy: Any = None
+    client: Any, code: str, timeout_s: float = 120, on_busy: Any = None, stop_on_error: bool = True
 ) -> tuple[dict[str, Any], str]:
-    """Run ``code``; return the execute reply's content and everything the cell printed."""
-    msg_id = client.execute(code)
+    """Run ``code``; return the execute reply's content and everything the cell printed.
+
+    ``stop_on_error=False`` for a cell meant to fail that the test follows at once: ipykernel
+    6.x aborts a request that arrives before it has stopped aborting after an error.
+    """
+    msg_id = client.execute(code, stop_on_error=stop_on_error)
     text, deadline = [], time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:

@@ -82,6 +82,7 @@ def test_model_in_stored_traceback_is_dropped(kip: InteractiveShell) -> None:
     assert sys.last_value is not None  # the error itself is still there for %tb
 
 
+@pytest.mark.pair
 def test_history_model_link_is_cut_and_numbers_kept(kip: InteractiveShell) -> None:
     run(kip, "h = build().fit(x, y, epochs=2, verbose=0)")
     held = weakref.ref(kip.user_ns["h"].model)
@@ -136,6 +137,7 @@ def test_keep_protects_names_from_all(kip: InteractiveShell) -> None:
     assert "base" in kip.user_ns and "other" not in kip.user_ns
 
 
+@pytest.mark.pair
 def test_kept_model_still_trains_after_cleanup(kip: InteractiveShell) -> None:
     run(kip, "base = build()\nbase.fit(x, y, verbose=0);")
     for _ in range(2):
@@ -170,6 +172,7 @@ def forward(v):
 """
 
 
+@pytest.mark.pair
 def test_user_custom_gradient_survives_cleanup(kip: InteractiveShell) -> None:
     run(kip, CUSTOM_LAYER)
     run(kip, "probe = tf.ones((2, 3))\nconcrete = forward.get_concrete_function(probe)")
@@ -190,6 +193,7 @@ def test_user_custom_gradient_survives_cleanup(kip: InteractiveShell) -> None:
     assert (kip.user_ns["g2"] == 2.0).all() and kip.user_ns["loss"] == kip.user_ns["loss"]
 
 
+@pytest.mark.pair
 def test_leak_stops_across_reruns(kip: InteractiveShell) -> None:
     cell = "model = build()\nmodel.fit(x, y, verbose=0)\nmodel.predict(x[:4], verbose=0);"
     counts, objects = [], []
@@ -332,6 +336,7 @@ def test_cells_compile_with_the_shells_future_flags(kip: InteractiveShell) -> No
     assert kip.user_ns["ann"] == {"x": int, "return": int}  # not the strings 'int'
 
 
+@pytest.mark.pair
 def test_keras_settings_survive_the_reset(kip: InteractiveShell) -> None:
     run(kip, "keras.mixed_precision.set_global_policy('mixed_float16')")
     try:
@@ -373,6 +378,7 @@ model
 """
 
 
+@pytest.mark.pair
 def test_rerun_starts_with_the_same_allocator_bytes(
     kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -385,6 +391,7 @@ def test_rerun_starts_with_the_same_allocator_bytes(
     assert "MB of TensorFlow tensors" in capsys.readouterr().out
 
 
+@pytest.mark.pair
 def test_hand_cleanup_keeps_allocator_bytes(kip: InteractiveShell) -> None:
     """The contrast the figure above is for: del + clear_session keeps every model's tensors."""
     run(kip, BIG + "model = history = None\n")

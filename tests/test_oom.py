@@ -116,6 +116,7 @@ def build():
 """
 
 
+@pytest.mark.pair
 @pytest.mark.slow
 def test_a_real_oom_is_explained_after_the_traceback_and_recovered(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
@@ -126,7 +127,9 @@ def test_a_real_oom_is_explained_after_the_traceback_and_recovered(
         assert kernel_run(client, MODEL)[0]["status"] == "ok"
         assert kernel_run(client, "a = tf.zeros((10, 1000, 1000))\ndel a")[0]["status"] == "ok"
         kernel_run(client, "build()")  # held by Out[] only: stale, freeable
-        content, text = kernel_run(client, "big = tf.zeros((35, 1000, 1000))", timeout_s=180)
+        content, text = kernel_run(
+            client, "big = tf.zeros((35, 1000, 1000))", timeout_s=180, stop_on_error=False
+        )
         assert content["status"] == "error" and content["ename"] == "ResourceExhaustedError"
         trace, _, block = text.partition("kerasmagic: out of memory on CPU:0 (TensorFlow)")
         assert "ResourceExhaustedError" in trace  # the user's traceback comes first, whole
@@ -179,7 +182,7 @@ def test_an_isolated_cells_oom_is_explained_with_the_childs_figures(
     cell = ("%%fresh_model --isolate\nimport tensorflow as tf\n"
             "a = tf.zeros((10, 1000, 1000))\nb = tf.zeros((35, 1000, 1000))")  # fmt: skip
     with real_kernel(str(tmp_path)) as (_, client):
-        content, text = kernel_run(client, cell, timeout_s=180)
+        content, text = kernel_run(client, cell, timeout_s=180, stop_on_error=False)
         assert content["status"] == "error" and content["ename"] == "IsolatedError", text
         trace, _, block = text.partition("kerasmagic: out of memory on CPU:0 (TensorFlow), in "
                                          "isolated process ")  # fmt: skip
@@ -213,7 +216,7 @@ def test_jax_and_torch_ooms_in_a_real_kernel_are_explained(
     pytest.importorskip(backend)
     cell, device, label, wanted, small = HUGE[backend]
     with real_kernel(str(tmp_path), backend=backend) as (_, client):
-        content, text = kernel_run(client, cell)
+        content, text = kernel_run(client, cell, stop_on_error=False)
         assert content["status"] == "error", text
         trace, _, block = text.partition(f"kerasmagic: out of memory on {device} ({label})")
         assert content["ename"] in trace and block, text
@@ -300,6 +303,7 @@ w0 = [w.copy() for w in m.get_weights()]
 """
 
 
+@pytest.mark.pair
 @pytest.mark.slow
 def test_the_batch_finder_under_a_capped_allocator_finds_a_batch_that_trains(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
@@ -389,11 +393,13 @@ OOMS = {
     "build": (TAPE.format(n=1000), "%%fresh_model -q\nm = build(6000)", TAPE.format(n=1000)),
 }
 TRACED = ("fit", "tf.function", "predict")
-OLDEST = tuple(int(p) for p in __import__("keras").__version__.split(".")[:2]) < (3, 5)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pattern", list(OOMS))
+@pytest.mark.parametrize(
+    "pattern",  # a traced step and an eager build in every pair's subset, all five here
+    [pytest.param(p, marks=pytest.mark.pair) if p in ("fit", "build") else p for p in OOMS],
+)
 def test_after_an_oom_the_size_that_fitted_fits_again(
     pattern: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -412,15 +418,16 @@ def test_after_an_oom_the_size_that_fitted_fits_again(
         for _ in range(2):  # the second starts after a cleanup, as every re-run below does
             assert kernel_run(client, fits)[0]["status"] == "ok"
         fitted = kernel_value(client, in_use)
-        content, text = kernel_run(client, too_big, timeout_s=180)
+        content, text = kernel_run(client, too_big, timeout_s=180, stop_on_error=False)
         assert content["status"] == "error", text
         assert content["ename"] == "ResourceExhaustedError", text
         assert "kerasmagic: out of memory on CPU:0 (TensorFlow)" in text, text
         content, text = kernel_run(client, recover, timeout_s=180)
         assert content["status"] == "ok", text  # the size that fitted fits again
         back = kernel_value(client, in_use)
-        if pattern == "build" and OLDEST:
-            # On TF 2.16 / Keras 3.3 the first re-run counts up to one weight more (measured
+        if pattern == "build" and abs(back - fitted) > fitted / 10:
+            # On TF 2.16 / Keras 3.3 and 2.17 / 3.5 the first re-run after the failed build
+            # counts up to one weight more (2.17: 80.0 -> 96.2 MB, twice; 2.16, measured
             # fitted -> re-run -> next re-run: 76.3 -> 91.6 -> 78.3 MB, 72.4 -> 76.6 -> 73.4,
             # 73.8 -> 76.2 -> 75.2) with the very same tensors live (the probe listed each one):
             # BFC's in-use is the sum of its chunks, and the freed failed build leaves free

@@ -23,6 +23,7 @@ from kerasmagic.compat import reaches
 from kerasmagic.compat.registry import REACHES
 
 SHELL_LIBRARIES = ("ipython", "ipykernel")
+pytestmark = pytest.mark.pair  # the self-check runs on every TensorFlow/Keras pair
 
 
 @pytest.fixture(autouse=True)
@@ -236,3 +237,42 @@ def test_a_kernel_with_subshells_but_no_shell_parent_is_said_once(
     assert found is not None and found.line.startswith(
         "kerasmagic: sidebar requests wait for the running cell: ipykernel "
     )
+
+
+def test_a_module_still_importing_is_not_probed_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler thread asks while ``import tensorflow`` runs on the main thread: a module not
+    done importing has not defined everything yet, and must not be found "moved"."""
+    reach = _reach("tf.gradient_registry")
+    half = types.ModuleType(reach.module)  # as a module looks mid-import: nothing defined yet
+    half.__spec__ = types.SimpleNamespace(_initializing=True)  # type: ignore[assignment]
+    monkeypatch.setitem(sys.modules, reach.module, half)
+    monkeypatch.setitem(sys.modules, "tensorflow", half)
+    assert reaches.works(reach.name) and reaches.check() == []
+    assert reach.name not in reaches._results  # asked again once it is done
+    assert reaches.ready(reach.module, finished=frozenset()) is False
+
+
+@pytest.mark.slow
+def test_in_a_real_kernel_nothing_is_off_and_nothing_is_said(tmp_path: Any) -> None:
+    """A kernel whose sampler runs while TensorFlow imports, then a fit and %gpu_mem: every
+    reach of this stack looks as expected, ipykernel's included, and no line was said."""
+    from conftest import kernel_run, kernel_value, real_kernel
+
+    cell = (
+        "import numpy as np, keras\n"
+        "m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])\n"
+        "m.compile('adam', 'mse')\nh = m.fit(np.zeros((64, 4)), np.zeros((64, 2)), verbose=0)"
+    )
+    with real_kernel(str(tmp_path)) as (_, client):
+        content, text = kernel_run(client, cell, timeout_s=180)
+        assert content["status"] == "ok" and "kerasmagic" not in text, text
+        content, text = kernel_run(client, "%%fresh_model -q\nm = None")
+        assert content["status"] == "ok" and "kerasmagic" not in text, text
+        off = kernel_value(
+            client, "[o.line for o in __import__('kerasmagic.compat').compat.reaches.off()]"
+        )
+        probed = kernel_value(
+            client, "sorted(__import__('kerasmagic.compat').compat.reaches._results)"
+        )
+    assert off == []
+    assert {"tf.gradient_registry", "keras.global_state", "ipykernel.handler_hooks"} <= set(probed)

@@ -8,6 +8,7 @@ framework is imported later; nothing here imports a framework or touches NVML.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -31,21 +32,24 @@ def notes_at_load(shell: Any) -> list[str]:
     return [*lines, sidebar] if sidebar is not None else lines
 
 
-def check_now(shell: Any = None) -> None:
+def check_now(shell: Any = None, finished: frozenset[str] = frozenset()) -> None:
     """Probe what was imported since the last check and say what is off (``reset()`` outside
-    IPython, and the post-import hook)."""
+    IPython, ``%gpu_mem``, and the post-import hook, for which ``finished`` frameworks are
+    done importing although importlib still marks them as importing)."""
     say_once([old.line for old in too_old(frameworks=True)])
-    say_once([found.line for found in reaches.check(shell)])
+    say_once([found.line for found in reaches.check(shell, finished=finished)])
 
 
 def watch() -> None:
-    """Check again each time a framework is imported (until ``unwatch``)."""
+    """Check again each time a framework is imported (until ``unwatch``): once its code has
+    run, though importlib still marks it as importing (a framework importing another is not)."""
     if not _watching:
         from kerasmagic.onimport import AfterImport
 
-        hook = AfterImport(FRAMEWORKS, check_now)
-        hook.install()
-        _watching.append(hook)
+        for name in FRAMEWORKS:
+            hook = AfterImport((name,), functools.partial(check_now, finished=frozenset({name})))
+            hook.install()
+            _watching.append(hook)
 
 
 def unwatch() -> None:

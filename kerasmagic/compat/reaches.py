@@ -101,12 +101,29 @@ def _with_version(reach: Reach, found: str) -> Off:
     return Off(reach, version, found)
 
 
-def check(shell: Any = None, again: bool = False) -> list[Off]:
+def ready(module: str, finished: frozenset[str] = frozenset()) -> bool:
+    """Return whether ``module`` and its package are imported and done importing: a module
+    still running its code (``import tensorflow`` on the main thread, seen from the sampler's)
+    has not defined everything yet, and a probe then would find it "moved". ``finished``: top
+    packages whose code has just run (a post-import hook runs before importlib says so)."""
+    top = module.partition(".")[0]
+    for name in (top, module):
+        found = sys.modules.get(name)
+        if found is None:
+            return False
+        if name not in finished and getattr(found.__spec__, "_initializing", False):
+            return False
+    return True
+
+
+def check(
+    shell: Any = None, again: bool = False, finished: frozenset[str] = frozenset()
+) -> list[Off]:
     """Probe every reach whose module is imported and not probed yet (``again``: all of them);
     return the newly found ones that are off."""
     new: list[Off] = []
     for reach in _registry():
-        if reach.module not in sys.modules or (reach.name in _results and not again):
+        if not ready(reach.module, finished) or (reach.name in _results and not again):
             continue
         if reach.library in ("ipython", "ipykernel") and shell is None:
             continue  # probed against a shell, at %load_ext
@@ -127,7 +144,7 @@ def works(name: str) -> bool:
         reach = next((r for r in _registry() if r.name == name), None)
         if reach is None:
             raise KeyError(f"kerasmagic names no reach {name!r}")
-        if reach.module in sys.modules:
+        if ready(reach.module):
             from kerasmagic.compat import say_once
 
             found = probe(reach, _current_shell())
