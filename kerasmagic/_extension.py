@@ -20,10 +20,11 @@ from kerasmagic.native.heap import pin_mmap_threshold
 from kerasmagic.shellstate import ShellState, any_loaded, forget, register, state_of
 
 PARTS: tuple[tuple[str, str], ...] = (
-    ("oom", "kerasmagic.oom"),  # explains an OOM: before the monitor, whose record carries it
+    ("oom", "kerasmagic.oom.part"),  # explains an OOM: before the monitor, whose record carries it
     ("live", "kerasmagic.live"),  # the per-cell monitor
     ("sidebar", "kerasmagic.views.comm"),  # shows the monitor: after it
     ("loops", "kerasmagic.cleanup.loops"),
+    ("cells", "kerasmagic.cells.compiler"),  # the cells compiled for %%fresh_model
     ("check", "kerasmagic.cells.precheck"),  # refuses a body that does not compile: first
     ("await", "kerasmagic.cells.awaiting"),
     ("lost_interrupts", "kerasmagic.interrupts.lost"),

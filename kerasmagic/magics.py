@@ -20,8 +20,10 @@ from kerasmagic.cells.compiler import compile_cell, transformed_body
 from kerasmagic.cells.reads import rebound_now
 from kerasmagic.cleanup import last_report, reset
 from kerasmagic.cleanup.holders import live_models
+from kerasmagic.cleanup.report import report_text
 from kerasmagic.compat import check_now, reaches
 from kerasmagic.interrupts.held import held_interrupts
+from kerasmagic.live import get_monitor
 from kerasmagic.magicargs import keep_names, megabytes, parse_line
 from kerasmagic.native.heap import MAX_MB, pin_mmap_threshold
 from kerasmagic.probes import read_ram
@@ -220,12 +222,18 @@ class KerasMagics(Magics):
         if args.dry_run:
             print(f"kerasmagic: {report.summary()}")
             return no_result(self.ip, cell)
-        rss_before = read_ram().rss_bytes
+        after_cleanup = read_ram().rss_bytes
 
         def report_line() -> None:
-            if not args.quiet:
-                cell_delta = signed_bytes(read_ram().rss_bytes - rss_before)
-                print(f"kerasmagic: {report.summary()}; the cell then took {cell_delta} of RAM")
+            if args.quiet:
+                return
+            monitor = get_monitor(self.ip)
+            if monitor is not None and monitor.at_cell_end(
+                lambda record: print(f"kerasmagic: {report_text(report, after_cleanup, record)}")
+            ):
+                return  # said at the cell's end, from its record: the badge's figures
+            took = signed_bytes(read_ram().rss_bytes - after_cleanup)
+            print(f"kerasmagic: {report.summary()}; the cell then took {took} of RAM")
 
         return runner.run(self.ip, compiled, report_line)
 

@@ -7,28 +7,23 @@ shows) instead of in a registry of its own. Importing this module imports no par
 
 from __future__ import annotations
 
-import ast
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kerasmagic.cells.compiler import CompiledCell
     from kerasmagic.cleanup.report import CleanupReport
 
 
 @dataclass
 class ShellState:
-    """What the extension holds for one shell: its magics, its loaded parts (in load order),
-    the last cleanup's report and the cells compiled (or being checked) for ``%%fresh_model``."""
+    """What the extension holds for one shell: its magics, its loaded parts (in load order:
+    the cells compiled for ``%%fresh_model`` are the ``cells`` part's) and the last cleanup's
+    report."""
 
     shell: Any
     magics: Any
     parts: dict[str, Any] = field(default_factory=dict)
     last_report: CleanupReport | None = None
-    compiled: OrderedDict[str, CompiledCell] = field(default_factory=OrderedDict)
-    transformed: tuple[str, str] | None = None  # this cell's %%fresh_model body, transformed
-    checked: tuple[str, ast.Module] | None = None  # (source, tree) parsed before the cell ran
 
     def part(self, name: str) -> Any | None:
         """Return what the part called ``name`` keeps for this shell, or None if not loaded."""

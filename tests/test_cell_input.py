@@ -8,6 +8,7 @@ line that drops nothing and runs nothing (checked on seeded fuzzed lines).
 from __future__ import annotations
 
 import ast
+import importlib.util
 import random
 import re
 import sys
@@ -235,6 +236,24 @@ def test_traceback_names_the_cell_and_hides_kerasmagic(
     assert "run_cell_magic" not in text and "hidden" not in text
 
 
+def test_lines_keep_their_numbers_after_leading_blank_lines(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """IPython drops a cell's leading blank lines before compiling: the line an error names is
+    still the line of the notebook cell, under %%fresh_model and in an isolated cell."""
+    number = ip.execution_count
+    ip.run_cell("%%fresh_model -q\n\n  \nz = 1\nraise ValueError('boom')", store_history=True)
+    assert names_cell(output(capsys), number, 5)
+    number = ip.execution_count
+    ip.run_cell("%%fresh_model -q --isolate\n\nz = (1,\n", store_history=True)
+    text = output(capsys)
+    assert names_cell(text, number, 3) and "SyntaxError" in text, text
+    assert ".py, line" not in text and "Traceback" not in text  # not a temporary file's name
+    if importlib.util.find_spec("cloudpickle") is not None:  # isolation's own need
+        ip.run_cell("%%fresh_model -q --isolate\n\n\nz = 1\nraise ValueError(3)")
+        assert '"<isolated cell>", line 5' in output(capsys)
+
+
 # --- B2: cells that do not compile are refused as plain cells are -------------------------
 
 BAD_BODIES = {
@@ -318,9 +337,10 @@ def test_a_cell_is_parsed_once_and_the_parse_is_not_kept(ip: InteractiveShell) -
     assert ip.user_ns["parsed_once"] == 1
     body_parses = [p for p in parses if "parsed_once" in p and "run_cell_magic" not in p]
     assert body_parses == ["\nparsed_once = 1\n"]
-    assert state.checked is None and state.transformed is None
+    cache = state.part("cells")
+    assert cache.checked is None and cache.transformed is None
     ip.run_cell("%%fresh_model --bogus\nkept_parse = 1", store_history=True)  # refused line
-    assert state.checked is None and state.transformed is None
+    assert cache.checked is None and cache.transformed is None
 
 
 def test_a_cell_being_typed_is_not_called_invalid(ip: InteractiveShell) -> None:

@@ -15,7 +15,7 @@ import pytest
 from conftest import kernel_run, kernel_value, real_kernel, run
 from IPython.core.interactiveshell import InteractiveShell
 
-from kerasmagic.oom import find_oom
+from kerasmagic.oom.detect import find_oom
 
 TF_GPU_OOM = (
     "OOM when allocating tensor with shape[128,4096] and type float on "

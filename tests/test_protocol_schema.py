@@ -16,7 +16,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from kerasmagic.cleanup import last_report
 from kerasmagic.cleanup.holders import live_models
 from kerasmagic.live import get_monitor
-from kerasmagic.oom import report as explain_oom
+from kerasmagic.oom.part import report as explain_oom
 from kerasmagic.probes import nvml
 from kerasmagic.probes.variables import largest_variables
 from kerasmagic.snapshot import take_snapshot

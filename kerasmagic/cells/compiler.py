@@ -18,12 +18,12 @@ import sys
 import tokenize
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any, TypeVar
 
 from kerasmagic.cells.parse import Rebinding, assigned_in, rebinding_in
-from kerasmagic.shellstate import state_of
+from kerasmagic.shellstate import ShellState, state_of
 
 MAX_CELLS = 256
 T = TypeVar("T")
@@ -41,11 +41,6 @@ class CompiledCell:
     silenced: bool  # the last expression ends with ";": show no Out, as in a plain cell
 
     @property
-    def rebound(self) -> frozenset[str]:
-        """Return the names the cell's own code rebinds (``cells.reads`` may keep some)."""
-        return self.rebinding.names
-
-    @property
     def is_async(self) -> bool:
         """Return whether the cell awaits at top level (it must run on an event loop)."""
         codes = (self.body, self.last) if self.last is not None else (self.body,)
@@ -61,19 +56,60 @@ def cell_source(code: str, header: str) -> str:
     return f"# {header}\n{code}" if header else code
 
 
+@dataclass
+class CellCache:
+    """The ``cells`` part of one shell: the cells compiled for ``%%fresh_model`` (by source,
+    newest last) and the body being checked, handed from the input check to the magic."""
+
+    compiled: OrderedDict[str, CompiledCell] = field(default_factory=OrderedDict)
+    transformed: tuple[str, str] | None = None  # this cell's %%fresh_model body, transformed
+    checked: tuple[str, ast.Module] | None = None  # (source, tree) parsed before the cell ran
+
+
+def cache_of(shell: Any) -> CellCache | None:
+    """Return the shell's cell cache while the extension is loaded there, else None."""
+    state = state_of(shell)
+    found = None if state is None else state.part("cells")
+    return found if isinstance(found, CellCache) else None
+
+
+def load(state: ShellState) -> CellCache:
+    """The ``cells`` part: an empty cache for the shell."""
+    return CellCache()
+
+
+def unload(state: ShellState, cache: CellCache) -> None:
+    """Forget the compiled cells."""
+    cache.compiled.clear()
+    cache.transformed = cache.checked = None
+
+
 def transformed_body(shell: Any, body: str) -> str:
     """Return ``shell.transform_cell(body)``, once per body (the checks and the magic share it).
 
     IPython's transform costs seconds on a cell of megabytes; the input transformers and the
     magic would otherwise each pay it again for the same body.
     """
-    state = state_of(shell)
-    if state is not None and state.transformed is not None and state.transformed[0] == body:
-        return state.transformed[1]
+    cache = cache_of(shell)
+    if cache is not None and cache.transformed is not None and cache.transformed[0] == body:
+        return cache.transformed[1]
     code = str(shell.transform_cell(body))
-    if state is not None:
-        state.transformed = (body, code)
+    dropped = _blank_lines(body) - _blank_lines(code)  # IPython drops a cell's leading blanks
+    code = "\n" * max(dropped, 0) + code  # kept: line N of the code is line N of the body
+    if cache is not None:
+        cache.transformed = (body, code)
     return code
+
+
+def _blank_lines(text: str) -> int:
+    """Return how many whitespace-only lines ``text`` starts with (a cell of megabytes is
+    read up to its first other line)."""
+    count = 0
+    for line in io.StringIO(text):
+        if line.strip() or not line.endswith("\n"):
+            break
+        count += 1
+    return count
 
 
 def compile_cell(shell: Any, code: str, header: str = "") -> CompiledCell:
@@ -85,21 +121,21 @@ def compile_cell(shell: Any, code: str, header: str = "") -> CompiledCell:
     """
     source = cell_source(code, header)
     number = cell_number(shell)
-    state = state_of(shell)
-    _cache: OrderedDict[str, CompiledCell] = OrderedDict() if state is None else state.compiled
-    cached = _cache.get(source)
+    cache = cache_of(shell)
+    compiled_cells = OrderedDict() if cache is None else cache.compiled
+    cached = compiled_cells.get(source)
     if cached is not None:
-        _cache.move_to_end(source)
+        compiled_cells.move_to_end(source)
         _name_cell(shell, cached.filename, number)
         return cached
-    checked = None if state is None else state.checked
-    if state is not None:
-        state.checked = None  # handed over once: a parsed cell of megabytes is large
+    checked = None if cache is None else cache.checked
+    if cache is not None:
+        cache.checked = None  # handed over once: a parsed cell of megabytes is large
     tree = checked[1] if checked is not None and checked[0] == source else None
     compiled = _compile(shell, source, code, number, offset=1 if header else 0, tree=tree)
-    _cache[source] = compiled
-    if len(_cache) > MAX_CELLS:
-        _cache.popitem(last=False)
+    compiled_cells[source] = compiled
+    if len(compiled_cells) > MAX_CELLS:
+        compiled_cells.popitem(last=False)
     return compiled
 
 

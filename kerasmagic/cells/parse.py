@@ -145,10 +145,6 @@ class Rebinding:
     read_order: tuple[str, ...] = ()  # every name the cell reads, in the order first read
     read_before: Mapping[str, int] = field(default_factory=dict)  # name -> reads before it
 
-    def reads_before(self, name: str) -> tuple[str, ...]:
-        """Return the names the cell reads before it rebinds ``name``."""
-        return self.read_order[: self.read_before.get(name, 0)]
-
 
 def rebinding_in(tree: ast.Module) -> Rebinding:
     """Return the top-level names ``tree`` assigns unconditionally before reading them.

@@ -14,8 +14,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kerasmagic.cells.compiler import cell_source, compiling, extra_flags, transformed_body
-from kerasmagic.shellstate import ShellState, state_of
+from kerasmagic.cells.compiler import (
+    cache_of,
+    cell_source,
+    compiling,
+    extra_flags,
+    transformed_body,
+)
+from kerasmagic.shellstate import ShellState
 
 MAGIC_LINE = re.compile(r"%%fresh_model(\s|$)")
 
@@ -33,9 +39,9 @@ def check_cell(shell: Any, code: str, header: str) -> None:
 
     The cell is named ``Cell In[N]`` as IPython names the cell it is about to run.
     """
-    state = state_of(shell)
+    cache = cache_of(shell)
     source = cell_source(code, header)
-    if state is None or source in state.compiled:
+    if cache is None or source in cache.compiled:
         return
     compiler = shell.compile
     filename = compiler.cache(source, int(shell.execution_count))
@@ -44,7 +50,7 @@ def check_cell(shell: Any, code: str, header: str) -> None:
         tree = compiling(filename, compiler.ast_parse, "\n" + code, filename)
     # Compiled as a test only: the builtin leaves the shell's __future__ flags alone.
     compiling(filename, compile, tree, filename, "exec", compiler.flags | flags, True)
-    state.checked = (source, tree)
+    cache.checked = (source, tree)
 
 
 class CompileCheck:
@@ -79,9 +85,9 @@ class CompileCheck:
     def cell_ended(self, result: Any) -> None:
         """Drop the body's transform and a parse the magic did not take (it refused its line);
         count a refused cell once (IPython 7 counts a cell whose transform raised twice)."""
-        state = state_of(self.shell)
-        if state is not None:
-            state.checked = state.transformed = None  # a cell of megabytes: not kept after it
+        cache = cache_of(self.shell)
+        if cache is not None:
+            cache.checked = cache.transformed = None  # a cell of megabytes: not kept after it
         refused_at, self._refused_at = self._refused_at, None
         if refused_at is not None and self.shell.execution_count == refused_at + 2:
             self.shell.execution_count -= 1

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kerasmagic.backends.tensorflow.traced import estimate_bytes, traced_ops
+from kerasmagic.cleanup.loops import Freezer
 from kerasmagic.cleanup.tracebacks import frame_locals, stored_tracebacks
 from kerasmagic.walk.children import module_dicts
 from kerasmagic.walk.names import is_user_name, scan_order
@@ -192,6 +193,9 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
     types = model_types()
     if not types:
         return []
+    # A loop in this cell may have frozen the collector's old objects (cleanup/loops.py), and
+    # gc.get_objects() lists no frozen object: thawed first, as before any cleanup.
+    Freezer.thaw()
     models: list[Any] = [obj for obj in gc.get_objects() if is_a(obj, types)]
     inner = {id(getattr(m, "_functional", None)) for m in models}
     owners: dict[int, str] = {}

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-MB = 1024 * 1024
+from kerasmagic.units import fmt_bytes, signed_bytes
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,7 @@ class CleanupReport:
         """Return the one-line report shown after a ``%%fresh_model`` cell."""
         if self.dry_run:
             return f"dry run: would drop {_names(self.dropped)}; would keep {_names(self.kept)}"
-        freed = f"freed {self.freed_bytes / MB:.1f} MB of RAM"
-        if self.tf_freed_bytes:  # None: no allocator statistics; 0: nothing to say
-            freed += f" and {self.tf_freed_bytes / MB:.1f} MB of TensorFlow tensors"
-        parts = [f"{freed} in {self.elapsed_s:.2f} s"]
+        parts = [f"{self._freed()} in {self.elapsed_s:.2f} s"]
         parts.append(f"dropped {_names(self.dropped)}")
         parts += self.released
         if self.kept:
@@ -40,6 +37,18 @@ class CleanupReport:
         if self.not_freed:
             parts.append(f"NOT freed: {_names(self.not_freed)}")
         return "; ".join(parts + list(self.notes))
+
+    def _freed(self) -> str:
+        """Say what was freed, in units that show it (12.0 KB, not 0.0 MB); RAM freed while
+        nothing was dropped is what earlier cells left for the collector."""
+        ram = f"freed {fmt_bytes(self.freed_bytes)} of RAM" if self.freed_bytes > 0 else ""
+        if ram and not self.dropped:
+            ram += " (garbage earlier cells left)"
+        tf = self.tf_freed_bytes  # None: no allocator statistics
+        tensors = f"{fmt_bytes(tf)} of TensorFlow tensors" if tf is not None and tf > 0 else ""
+        if ram and tensors:
+            return f"{ram} and {tensors}"
+        return ram or (f"freed {tensors}" if tensors else "freed no memory")
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able dict (for the sidebar and logs)."""
@@ -51,3 +60,15 @@ def _names(items: tuple[str, ...], limit: int = 6) -> str:
         return "nothing"
     shown = ", ".join(items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def report_text(report: CleanupReport, after_cleanup_rss: int, record: Any) -> str:
+    """Return a ``%%fresh_model`` cell's line once the cell is recorded: the cleanup, what the
+    cell then took, and the net change over the whole cell, which is the cell's record (the
+    badge under it, the sidebar's chart): freed and took, measured apart, add up to it."""
+    took = record.end.ram.rss_bytes - after_cleanup_rss
+    net = record.delta.rss_bytes
+    return (
+        f"{report.summary()}; the cell then took {signed_bytes(took)} of RAM, "
+        f"{signed_bytes(net)} for the whole cell"
+    )

@@ -74,10 +74,6 @@ class InterruptWatch:
         self._outermost: FrameType | None = None
         self.raised_again = 0
 
-    @property
-    def armed(self) -> bool:
-        return self._error is not None
-
     def arm(self, frame: FrameType | None, error: BaseException) -> None:
         """Follow ``error``, about to be raised in ``frame``, up to the cell's runner."""
         self.disarm()

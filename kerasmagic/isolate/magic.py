@@ -110,7 +110,7 @@ def _hint(outcome: Outcome, user_ns: dict[str, Any]) -> None:
 
 def run_cell_isolated(shell: Any, args: Any, cell: str) -> Any:
     """Run ``cell`` in a fresh process; bind ``--outputs``; return its last expression's value."""
-    code = transformed_body(shell, cell)
+    code = "\n" + transformed_body(shell, cell)  # the magic's line: the cell's line numbers
     _check(args, code)
     if importlib.util.find_spec("cloudpickle") is None:
         raise UsageError("--isolate needs cloudpickle: pip install 'kerasmagic[isolate]'")

@@ -27,7 +27,7 @@ from kerasmagic.interrupts.held import (
     interrupt_finished_cell,
     interrupt_next_cell,
 )
-from kerasmagic.live.advice import cell_mode
+from kerasmagic.live.advice import FRESH, cell_mode
 from kerasmagic.live.leak import STABLE, LeakDetector, LeakVerdict
 from kerasmagic.live.record import CellRecord, rusage_peak, source_hash
 from kerasmagic.live.sampler import Sampler
@@ -86,6 +86,7 @@ class LiveMonitor(Configurable):
         self._lock = threading.Lock()
         self._latest: MemorySnapshot | None = None
         self._start: tuple[MemorySnapshot, str, str] | None = None
+        self._at_cell_end: Callable[[CellRecord], None] | None = None
         self._verdict = STABLE
         self._runs_of: dict[str, deque[CellRecord]] = {}  # source hash -> its latest runs
         self.detector = LeakDetector(parent=self)
@@ -112,6 +113,15 @@ class LiveMonitor(Configurable):
                     self._subscribers.remove(fn)
 
         return unsubscribe
+
+    def at_cell_end(self, fn: Callable[[CellRecord], None]) -> bool:
+        """Have ``fn(record)`` run once this ``%%fresh_model`` cell is recorded (its report line,
+        then, reads the same figures as the cell's record and badge); False when no such cell is
+        being recorded or one is already waiting (a magic called again inside the cell)."""
+        if self._start is None or self._start[2] != FRESH or self._at_cell_end is not None:
+            return False
+        self._at_cell_end = fn
+        return True
 
     def runs(self, source_hash: str) -> list[CellRecord]:
         """Return the latest runs of the cell with this source hash, oldest first."""
@@ -163,6 +173,7 @@ class LiveMonitor(Configurable):
             interrupt_finished_cell(self._shell, result)
 
     def _post_run_cell(self, result: Any) -> None:
+        at_end, self._at_cell_end = self._at_cell_end, None
         if self._start is None:
             return
         start, key, mode = self._start
@@ -198,6 +209,8 @@ class LiveMonitor(Configurable):
             del self._runs_of[next(iter(self._runs_of))]  # the least recently run cell
         with self._lock:
             self._latest = end
+        if at_end is not None:
+            at_end(record)
         self._verdict = self.detector.judge(history, self._runs_of)
         self._emit("cell", record)
 

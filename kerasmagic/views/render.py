@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import os
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -50,7 +51,7 @@ def _tf_row(snap: MemorySnapshot) -> Row:
     if not tf.initialized:
         return ("TF allocator", "runtime not started yet (no GPU memory taken)")
     if not tf.devices:
-        return ("TF allocator", NO_STATS)
+        return ("TF allocator", no_stats())
     return (
         "TF allocator",
         "; ".join(
@@ -61,10 +62,16 @@ def _tf_row(snap: MemorySnapshot) -> Row:
     )
 
 
-NO_STATS = (
-    "no allocator statistics on this TensorFlow's devices (CPU without oneDNN, e.g. "
-    "TF_ENABLE_ONEDNN_OPTS=0; TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts brings them)"
-)
+def no_stats() -> str:
+    """Say why TensorFlow keeps no allocator figures here, and how to get them."""
+    if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0":
+        why = "TF_ENABLE_ONEDNN_OPTS=0 in this kernel turns its CPU statistics off"
+    else:
+        why = "TensorFlow keeps CPU statistics only where it turns oneDNN on, by CPU"
+    return (
+        f"no allocator statistics on this TensorFlow's devices ({why}); "
+        "TF_CPU_ALLOCATOR_USE_BFC=true, set before TensorFlow is imported, counts every tensor"
+    )
 
 
 def _device_text(d: BackendDevice) -> str:

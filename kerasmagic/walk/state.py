@@ -98,10 +98,6 @@ class StateTypes:
         self._kinds[kind] = found
         return found
 
-    def is_state(self, obj: Any) -> bool:
-        """Return whether ``obj`` is model state (judged by ``type(obj)``)."""
-        return self.kind(type(obj)) is not None
-
 
 def state_types() -> StateTypes:
     """Return the model-state classes of what is imported now (cheap: a few lookups)."""

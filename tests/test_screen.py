@@ -1,0 +1,127 @@
+"""What the screen says is true and agrees with itself: the report line, %gpu_mem, the record.
+
+Each test here failed on main before issue 32's fixes: the figures a person reads (KB, not
+"0.0 MB"; RAM freed with nothing dropped explained; the report's net equal to the cell's record,
+which the badge shows), %gpu_mem --deep listing the models it counts in the same cell, a kept
+model's operations left in its graph, and a reason for missing statistics that is this
+kernel's own.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import run
+from IPython.core.interactiveshell import InteractiveShell
+
+from kerasmagic.cleanup import last_report
+from kerasmagic.cleanup.report import CleanupReport
+from kerasmagic.live import get_monitor
+from kerasmagic.units import signed_bytes
+from kerasmagic.views.render import no_stats
+
+KB = 1024
+
+
+def report(**changes: object) -> CleanupReport:
+    base = {
+        "dropped": ("model",),
+        "kept": (),
+        "not_freed": (),
+        "freed_bytes": 6 * KB * KB,
+        "tf_freed_bytes": 12 * KB,
+        "released": (),
+        "elapsed_s": 0.2,
+    }
+    return CleanupReport(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_small_figures_read_in_their_own_unit() -> None:
+    line = report().summary()
+    assert "freed 6.0 MB of RAM and 12.0 KB of TensorFlow tensors" in line
+    assert "0.0 MB" not in report(freed_bytes=30_000, tf_freed_bytes=40_000).summary()
+
+
+def test_ram_freed_with_nothing_dropped_is_explained() -> None:
+    line = report(dropped=(), freed_bytes=30 * KB * KB, tf_freed_bytes=None).summary()
+    assert line.startswith("freed 30.0 MB of RAM (garbage earlier cells left) in 0.20 s")
+    assert "dropped nothing" in line
+    assert (
+        report(dropped=(), freed_bytes=-KB, tf_freed_bytes=0)
+        .summary()
+        .startswith("freed no memory")
+    )
+
+
+def test_the_report_line_and_the_cells_record_say_the_same_net(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The badge under a cell shows its record's RSS change; the report line names the same
+    figure, to the byte as printed, and what it is made of."""
+    monitor = get_monitor(kip)
+    assert monitor is not None
+    for _ in range(2):
+        capsys.readouterr()
+        run(kip, "%%fresh_model\nmodel = build()\nhistory = model.fit(x, y, verbose=0)")
+        line = capsys.readouterr().out.strip().splitlines()[-1]
+        record = monitor.history()[-1]
+        net = signed_bytes(record.delta.rss_bytes)
+        assert line.endswith(f", {net} for the whole cell"), (line, net)
+        took = re.search(r"the cell then took ([+-][\d.]+ \w+) of RAM", line)
+        assert took is not None, line
+
+
+def test_gpu_mem_deep_lists_the_models_it_counts_in_the_same_cell(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fit in the cell freezes the collector's old objects (the loop guard); --deep listed no
+    model while the line above it counted two."""
+    run(kip, "%%fresh_model -q\nmodel = build()\nhistory = model.fit(x, y, verbose=0)")
+    capsys.readouterr()
+    run(kip, "base = build()\nbase.fit(x, y, verbose=0)\n%gpu_mem --deep")
+    out = capsys.readouterr().out
+    counted = re.search(r"(\d+) live models? in the namespace", out)
+    assert counted is not None, out
+    assert "no live Keras model" not in out, out
+    assert "held by base" in out and "held by model" in out, out
+    assert int(counted[1]) == 2
+
+
+def test_a_kept_models_operations_stay_in_its_graph(kip: InteractiveShell) -> None:
+    """keras.ops calls of a kept functional model are its own: wide & deep's baseline kept
+    its 12 expand_dims nodes; the note named them "dropped layers"."""
+    run(
+        kip,
+        "inp = keras.Input((20,))\n"
+        "wide = keras.ops.expand_dims(inp, -1)\n"
+        "out = keras.layers.Dense(2)(keras.layers.Flatten()(wide))\n"
+        "baseline = keras.Model(inp, out)",
+    )
+    layer = kip.user_ns["baseline"].layers[0]
+    before = [type(n.operation).__name__ for n in layer._outbound_nodes]
+    assert before == ["ExpandDims"]
+    run(kip, "%%fresh_model -q\ninp = None\nwide = None\nout = None\nm = build()")
+    after = [type(n.operation).__name__ for n in layer._outbound_nodes]
+    assert after == before
+    notes = last_report(kip).notes  # type: ignore[union-attr]
+    assert not any("dropped" in note for note in notes), notes
+
+
+def test_a_head_no_kept_model_uses_is_unlinked_and_said_so(kip: InteractiveShell) -> None:
+    run(kip, "inp = keras.Input((20,))\nbase = keras.Model(inp, keras.layers.Dense(8)(inp))")
+    run(kip, "head = keras.layers.Dense(2)(base.output)")
+    run(kip, "%%fresh_model -q\nhead = None")
+    notes = last_report(kip).notes  # type: ignore[union-attr]
+    assert "unlinked a layer no kept model uses from the graphs of kept models" in notes
+
+
+def test_missing_statistics_are_explained_by_this_kernels_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    assert "TF_ENABLE_ONEDNN_OPTS=0 in this kernel turns its CPU statistics off" in no_stats()
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
+    said = no_stats()
+    assert "TF_ENABLE_ONEDNN_OPTS" not in said and "oneDNN on, by CPU" in said
+    assert "TF_CPU_ALLOCATOR_USE_BFC=true, set before TensorFlow is imported" in said
