@@ -222,8 +222,9 @@ def _sequential(_: Any) -> str | None:
 
 
 def _trainer(_: Any) -> str | None:
-    model = _module("keras.src.models.model").Model
-    return _params(model.make_train_function, "Model.make_train_function", "force")
+    """On a backend that cannot train (Keras's numpy) there is no train function to check."""
+    make = getattr(_module("keras.src.models.model").Model, "make_train_function", None)
+    return None if make is None else _params(make, "Model.make_train_function", "force")
 
 
 # -- legacy tf-keras ---------------------------------------------------------------------------
