@@ -19,6 +19,7 @@ from kerasmagic.backends import BackendDevice, BackendInfo, keras_backend, read_
 from kerasmagic.backends.tensorflow import info as tensorflow_info
 from kerasmagic.backends.tensorflow.alloc import TfDeviceMemory, TfInfo, read_tf
 from kerasmagic.backends.tensorflow.graph import GraphInfo, read_graph
+from kerasmagic.headline import Headline, headline
 from kerasmagic.plain import as_dict
 from kerasmagic.probes import (
     GpuDevice,
@@ -80,10 +81,16 @@ class MemorySnapshot:
         """Return this process's VRAM over all GPUs, else the devices' total use, else None."""
         return self.gpu.used_bytes
 
+    @property
+    def headline(self) -> Headline:
+        """Return the figure every view leads with: what runs out, against its limit."""
+        return headline(self)
+
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict (``version`` first) that ``json.dumps`` accepts."""
         data = {"version": SCHEMA_VERSION, **as_dict(self)}
         data["tf"], data["graph"] = as_dict(self.tf), as_dict(self.graph)
+        data["headline"] = as_dict(self.headline)
         return data
 
     def to_json(self) -> str:

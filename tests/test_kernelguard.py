@@ -202,7 +202,7 @@ def test_unload_gives_the_kernel_its_hooks_back(client: Any) -> None:
     check = (
         "[sorted(n for n in ('pre_handler_hook', 'post_handler_hook') "
         "if n in vars(get_ipython().kernel)), "
-        "sum(type(t).__name__ == '_Opener' for t in get_ipython().ast_transformers)]"
+        "sum(type(t).__name__ == 'CellStopper' for t in get_ipython().ast_transformers)]"
     )
     assert kernel_value(client, check) == [["post_handler_hook", "pre_handler_hook"], 1]
     kernel_run(client, "%unload_ext kerasmagic")

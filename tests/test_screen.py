@@ -9,7 +9,13 @@ kernel's own.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run
@@ -22,6 +28,7 @@ from kerasmagic.units import signed_bytes
 from kerasmagic.views.render import no_stats
 
 KB = 1024
+ROOT = Path(__file__).parent.parent
 
 
 def report(**changes: object) -> CleanupReport:
@@ -125,3 +132,66 @@ def test_missing_statistics_are_explained_by_this_kernels_settings(
     said = no_stats()
     assert "TF_ENABLE_ONEDNN_OPTS" not in said and "oneDNN on, by CPU" in said
     assert "TF_CPU_ALLOCATOR_USE_BFC=true, set before TensorFlow is imported" in said
+
+
+HEADLINE = r"""
+import json, os, sys
+sys.path.insert(0, {tests!r})
+from fake_nvml import FakeGpu, make_pynvml
+GB = 2**30
+gpu = FakeGpu("NVIDIA H200", "GPU-aaaa-0000", 141 * GB, 133 * GB, [(os.getpid(), 132 * GB)])
+sys.modules["pynvml"] = make_pynvml([gpu])  # TensorFlow reserved the card: NVML never moves
+import tensorflow as tf
+from IPython.core.interactiveshell import InteractiveShell
+from kerasmagic.snapshot import take_snapshot
+from kerasmagic.views.render import snapshot_rows
+from kerasmagic.views.widget import LiveWidget
+from kerasmagic.live import get_monitor
+ip = InteractiveShell.instance()
+ip.run_line_magic("load_ext", "kerasmagic")
+keep, leads = [], []
+for _ in range(3):
+    keep.append(tf.zeros((5, 1000, 1000)))  # 20 MB more each time: what runs out grows
+    lead = take_snapshot().headline
+    leads.append([lead.what, lead.label, lead.used_bytes, lead.limit_bytes, lead.limit_label,
+                  lead.reserved_bytes])
+snap = take_snapshot()
+widget = LiveWidget(get_monitor(ip))
+widget.show_snapshot(snap)
+print(json.dumps({{"leads": leads, "rows": snapshot_rows(snap), "bars": widget.part("bars"),
+                  "wire": snap.to_dict()["headline"]}}))
+"""
+
+
+def test_beside_a_gpu_what_runs_out_leads_not_nvmls_flat_reservation(tmp_path: Any) -> None:
+    """TensorFlow reserves nearly a whole GPU at start: NVML's figure for the kernel stays flat
+    while its allocator grows to an out-of-memory. The headline is the allocator's use against
+    its limit, NVML's reservation beside it, named; on the CPU here, TF's capped BFC allocator
+    and a fake NVML whose reservation never moves stand in for both."""
+    env = {
+        **os.environ,
+        "TF_CPU_ALLOCATOR_USE_BFC": "true",
+        "TF_CPU_BFC_MEM_LIMIT_IN_MB": "160",
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "PYTHONPATH": str(ROOT),
+    }
+    code = HEADLINE.format(tests=str(ROOT / "tests"))
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(done.stdout.strip().splitlines()[-1])
+    leads = data["leads"]
+    assert {tuple(lead[:2]) for lead in leads} == {("allocator", "TensorFlow's tensors on CPU:0")}
+    used = [lead[2] for lead in leads]
+    assert used[1] - used[0] >= 20_000_000 and used[2] - used[1] >= 20_000_000, used
+    assert {lead[3] for lead in leads} == {160 * 2**20}  # its limit: the cap, not the GPU
+    assert {lead[4] for lead in leads} == {"TF_CPU_BFC_MEM_LIMIT_IN_MB"}
+    assert {lead[5] for lead in leads} == {132 * 2**30}  # NVML's, flat: beside it, not leading
+    rows = dict(data["rows"])
+    assert rows["Runs out"].startswith("TensorFlow's tensors on CPU:0: ")
+    assert rows["Runs out"].endswith(
+        "of 160.0 MB (TF_CPU_BFC_MEM_LIMIT_IN_MB); 132.0 GB reserved on the GPU (NVML)"
+    )
+    assert "data-km-live='lead'" in data["bars"] and "reserved on the GPU (NVML)" in data["bars"]
+    assert data["wire"]["what"] == "allocator" and data["wire"]["label"] == leads[0][1]

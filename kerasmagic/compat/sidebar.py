@@ -35,6 +35,13 @@ def extension_paths() -> list[str]:
     return list(jupyter_path("labextensions"))
 
 
+def sidebar_installed(paths: list[str] | None = None) -> bool:
+    """Return whether the built sidebar is on ``paths`` (default: Jupyter's labextension
+    folders)."""
+    paths = extension_paths() if paths is None else paths
+    return any(Path(p, "kerasmagic", "package.json").exists() for p in paths)
+
+
 def missing_sidebar(shell: Any, paths: list[str] | None = None) -> str | None:
     """Return the line for a kernel a JupyterLab could show the sidebar in, if the sidebar is
     on none of ``paths`` (default: Jupyter's labextension folders)."""
@@ -43,6 +50,4 @@ def missing_sidebar(shell: Any, paths: list[str] | None = None) -> str | None:
     if importlib.util.find_spec("jupyterlab") is None:
         return None
     paths = extension_paths() if paths is None else paths
-    if not paths or any(Path(p, "kerasmagic", "package.json").exists() for p in paths):
-        return None
-    return LINE
+    return None if not paths or sidebar_installed(paths) else LINE

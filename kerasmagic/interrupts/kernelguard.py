@@ -19,34 +19,19 @@ nothing, and a SIGINT handler the cell installs itself is left alone.
 from __future__ import annotations
 
 import _signal
-import ast
 import logging
 import sys
 import threading
 from types import CodeType, FrameType
 from typing import Any
 
-from kerasmagic.interrupts.held import interrupt_finished_cell
+from kerasmagic.interrupts.held import CellStopper, holds, interrupt_finished_cell
 from kerasmagic.interrupts.ownframes import shown_plain
 from kerasmagic.interrupts.pyversions import frames_checked
 from kerasmagic.interrupts.swallowed import InterruptWatch
 from kerasmagic.shellstate import ShellState
 
 log = logging.getLogger(__name__)
-
-
-class _Opener(ast.NodeTransformer):
-    """The first AST transformer: the cell's code is about to run, so let Ctrl-C raise."""
-
-    def __init__(self, guard: KernelGuard) -> None:
-        self._guard = guard
-
-    def visit(self, node: ast.AST) -> ast.AST:
-        __tracebackhide__ = True  # read by IPython's traceback formatter
-        if not self._guard.open() or not isinstance(node, ast.Module):
-            return node
-        stop = ast.parse("raise KeyboardInterrupt")  # a Ctrl-C held before the cell: stop it
-        return ast.copy_location(ast.Module(body=stop.body, type_ignores=[]), node)
 
 
 class KernelGuard:
@@ -57,7 +42,7 @@ class KernelGuard:
         self._kernel = kernel
         self.pending = False  # a Ctrl-C was recorded and not yet given to the cell
         self._guarding = False  # an execute request of the main shell is being handled
-        self._opener = _Opener(self)
+        self._opener = CellStopper(shell, self.open)  # the cell's code is about to run
         self._cell_code: set[CodeType] = set()
         for owner in (type(shell), *type(shell).__mro__):
             code = getattr(getattr(owner, "run_code", None), "__code__", None)
@@ -155,6 +140,7 @@ class KernelGuard:
         self._watch.arm(frame if frame is not None else sys._getframe(1), error)
         raise error
 
+    @holds
     def _record(self, signum: int, frame: FrameType | None) -> None:
         self.pending = True
 

@@ -9,6 +9,7 @@ validated by ``commproto``; "Free memory" and "Scan" run on the main thread betw
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -17,12 +18,13 @@ from typing import Any
 from kerasmagic._version import __version__
 from kerasmagic.cleanup import CleanupReport, reset
 from kerasmagic.cleanup.scan import DeepScan, deep_scan
+from kerasmagic.compat.sidebar import hosted, sidebar_installed
 from kerasmagic.live import LiveMonitor
 from kerasmagic.live.record import CellRecord
 from kerasmagic.shellstate import ShellState
 from kerasmagic.snapshot import MemorySnapshot, take_snapshot
 from kerasmagic.views.commjobs import MainThreadJob
-from kerasmagic.views.commmanager import comm_manager
+from kerasmagic.views.commmanager import comm_manager, open_comm, sent_by_jupyterlab
 from kerasmagic.views.commproto import (
     MAX_ID_CHARS,
     PROTOCOL,
@@ -34,6 +36,7 @@ from kerasmagic.views.commproto import (
 )
 from kerasmagic.views.commsend import send
 
+log = logging.getLogger(__name__)
 TARGET = "kerasmagic"
 HISTORY_CELLS = 30  # cells sent with "state" and "history"
 MIN_PUSH_INTERVAL_S = 0.4  # at most ~2 samples a second on the wire
@@ -95,13 +98,17 @@ class Sidebar:
         with contextlib.suppress(Exception):
             comm.close()
 
-    def _accept(self, comm: Any, msg: dict[str, Any]) -> None:
+    def _accept(self, comm: Any, msg: dict[str, Any] | None) -> None:
+        """Keep a comm and answer its requests; one the frontend opened (``msg``: its hello)
+        gets the full state, one the kernel opened carried it already."""
         with self._lock:
             self._comms[comm.comm_id] = comm
-            self._homes[comm.comm_id] = msg
+            if msg is not None:
+                self._homes[comm.comm_id] = msg
         comm.on_msg(lambda m: self._on_request(comm, m))
         comm.on_close(lambda _m: self._forget(comm.comm_id))
-        self._send(comm, self._state())
+        if msg is not None:
+            self._send(comm, self._state())
 
     def _send(self, comm: Any, data: dict[str, Any]) -> None:
         send(comm, data, self._homes.get(comm.comm_id), getattr(self._shell, "kernel", None))
@@ -110,6 +117,23 @@ class Sidebar:
         with self._lock:
             self._comms.pop(comm_id, None)
             self._homes.pop(comm_id, None)
+
+    def announce(self) -> None:
+        """Open a comm to the frontend's sidebar with the full state: its messages come on
+        iopub, so a Run All's queued cells do not hold them back (the sidebar's own hello
+        waits behind them on the shell channel). Only from a JupyterLab-family frontend, where
+        the sidebar is installed, off Colab and Kaggle: others log an unknown target."""
+        kernel = getattr(self._shell, "kernel", None)
+        if kernel is None or hosted() or not sent_by_jupyterlab(kernel):
+            return
+        if not sidebar_installed():
+            return
+        try:
+            comm = open_comm(self._shell, TARGET, self._state())
+            if comm is not None:
+                self._accept(comm, None)
+        except Exception:  # a frontend that cannot take it still opens its own
+            log.debug("kerasmagic: announcing the sidebar failed", exc_info=True)
 
     def close(self) -> None:
         """Stop pushing and close every comm (the frontends then show "not loaded")."""
@@ -261,6 +285,7 @@ def load(state: ShellState) -> Sidebar:
     manager = comm_manager(state.shell)
     if manager is not None:
         manager.register_target(TARGET, sidebar.open)
+        sidebar.announce()
     return sidebar
 
 

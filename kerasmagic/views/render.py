@@ -62,6 +62,22 @@ def _tf_row(snap: MemorySnapshot) -> Row:
     )
 
 
+def _lead_row(snap: MemorySnapshot) -> list[Row]:
+    """The headline, where the allocator leads (beside a GPU): what runs out, against its
+    limit, and NVML's reservation named as such (``kerasmagic/headline.py``)."""
+    lead = snap.headline
+    if lead.what != "allocator":
+        return []
+    limit = "" if lead.limit_bytes is None else f" of {fmt_bytes(lead.limit_bytes)}"
+    source = f" ({lead.limit_label})" if lead.limit_label else ""
+    reserved = (
+        ""
+        if lead.reserved_bytes is None
+        else f"; {fmt_bytes(lead.reserved_bytes)} reserved on the GPU (NVML)"
+    )
+    return [("Runs out", f"{lead.label}: {fmt_bytes(lead.used_bytes)}{limit}{source}{reserved}")]
+
+
 def no_stats() -> str:
     """Say why TensorFlow keeps no allocator figures here, and how to get them."""
     if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0":
@@ -159,6 +175,7 @@ def snapshot_rows(snap: MemorySnapshot) -> list[Row]:
         _opt(snap.keras.name_counter, "auto-named layers (name counter)"),
     ]
     return [
+        *_lead_row(snap),
         (
             "RAM",
             f"RSS {fmt_bytes(ram.rss_bytes)} (peak {fmt_bytes(peak)}); host "

@@ -18,6 +18,7 @@ from kerasmagic.backends.tensorflow.alloc import TfDeviceMemory, TfInfo
 from kerasmagic.backends.tensorflow.graph import GraphInfo
 from kerasmagic.cleanup.holders import LiveModel
 from kerasmagic.cleanup.report import CleanupReport
+from kerasmagic.headline import Headline
 from kerasmagic.live.leak import LeakVerdict
 from kerasmagic.live.record import CellRecord
 from kerasmagic.oom.facts import OomFacts
@@ -36,6 +37,7 @@ WIRE: tuple[tuple[type, str], ...] = (
     (TfInfo, "ITfInfo"),
     (GraphInfo, "IGraphInfo"),
     (KerasInfo, "IKerasInfo"),
+    (Headline, "IHeadline"),
     (MemorySnapshot, "ISnapshot"),
     (SnapshotDelta, "ISnapshotDelta"),
     (OomFacts, "IOomFacts"),
@@ -50,6 +52,7 @@ EXTRA: dict[type, dict[str, str]] = {
         "version": "number",
         "tf": "ITfInfo",  # TensorFlow's entry of `backends`, for sidebars older than it
         "graph": "IGraphInfo",
+        "headline?": "IHeadline",  # the figure every view leads with (kerasmagic/headline.py)
     },
     SnapshotDelta: {name: "number | null" for name in ("tf_current_bytes", *GRAPH_FIGURES)},
     CellRecord: {"warning?": "string | null"},  # added by the comm to history records

@@ -188,6 +188,16 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
             f"since then {fmt_bytes(self.running_peak_rss_bytes)}"
         )
         rss = _tagged("rss", ram.rss_bytes, bar_html("RSS", ram.rss_bytes, ram.total_bytes, peaks))
+        lead = snap.headline
+        if lead.what == "allocator":  # what runs out leads; NVML's reservation is named beside
+            reserved = (
+                f"{fmt_bytes(lead.reserved_bytes)} reserved on the GPU (NVML)"
+                if lead.reserved_bytes is not None
+                else "NVML n/a"
+            )
+            limit = lead.limit_bytes or max(lead.used_bytes, 1)
+            bar = bar_html(lead.label, lead.used_bytes, limit, reserved)
+            return _tagged("lead", lead.used_bytes, bar) + rss
         if self.gpu_used_bytes is None or not self.gpu_total_bytes:
             vram = f"<div>VRAM: {html.escape(snap.gpu.message or snap.gpu.status)}</div>"
             if self.tf_in_use_bytes is None:

@@ -39,11 +39,20 @@ export function badgeText(m: ICellMemory): string {
     `RSS ${formatDelta(m.rss_delta_bytes)}`,
     `peak ${formatBytes(m.peak_rss_bytes)}`
   ];
-  if (m.gpu_delta_bytes !== null) {
-    parts.push(`VRAM ${formatDelta(m.gpu_delta_bytes)}`);
-  }
-  if (typeof m.tf_delta_bytes === 'number' && m.tf_delta_bytes !== 0) {
-    parts.push(`TF tensors ${formatDelta(m.tf_delta_bytes)}`);
+  const tensors = typeof m.tf_delta_bytes === 'number' ? m.tf_delta_bytes : null;
+  if (m.lead === 'allocator') {
+    // What runs out leads; NVML's reservation (flat once TensorFlow took the card) only moving.
+    parts.push(`TF tensors ${formatDelta(tensors)}`);
+    if (m.gpu_delta_bytes) {
+      parts.push(`GPU reserved ${formatDelta(m.gpu_delta_bytes)}`);
+    }
+  } else {
+    if (m.gpu_delta_bytes !== null) {
+      parts.push(`VRAM ${formatDelta(m.gpu_delta_bytes)}`);
+    }
+    if (tensors !== null && tensors !== 0) {
+      parts.push(`TF tensors ${formatDelta(tensors)}`);
+    }
   }
   if (m.models_delta) {
     parts.push(`${m.models_delta > 0 ? '+' : '−'}${Math.abs(m.models_delta)} model` +

@@ -7,6 +7,7 @@ import { ICodeCellModel } from '@jupyterlab/cells';
 import { NotebookPanel } from '@jupyterlab/notebook';
 import { IDisposable } from '@lumino/disposable';
 
+import { leadOf } from './lead';
 import { MemoryModel, gpuUsedBytes, tfBytes } from './model';
 import { ICellRecord, IOomFacts, readOom } from './protocol';
 
@@ -27,6 +28,8 @@ export interface ICellMemory {
   /** TensorFlow's tensors (its allocator, exact) at the end and over the cell; absent before 0.1.0's CPU reading. */
   tf_bytes?: number | null;
   tf_delta_bytes?: number | null;
+  /** What the cell's headline was (`headline.py`): the allocator's tensors, VRAM or RSS. */
+  lead?: 'allocator' | 'vram' | 'rss';
   warning: string | null;
   /** How the cell ran out of memory, else null; absent from records saved before 0.1.0's OOM. */
   oom?: IOomFacts | null;
@@ -47,6 +50,7 @@ export function cellMemory(c: ICellRecord, warning: string | null): ICellMemory 
     models_delta: c.delta.live_models ?? null,
     tf_bytes: tfBytes(c.end),
     tf_delta_bytes: c.delta.tf_current_bytes ?? null,
+    lead: leadOf(c.end).what,
     warning,
     oom: readOom(c.oom)
   };

@@ -5,17 +5,19 @@
  * Pure SVG; colours come from the stylesheet (theme variables only).
  */
 import { formatBytes, formatDelta } from './format';
-import { ILivePoint, gpuUsedBytes } from './model';
+import { LeadKind, figureOf } from './lead';
+import { ILivePoint } from './model';
 import { ICellRecord } from './protocol';
 
 const SVG = 'http://www.w3.org/2000/svg';
 export const CHART_CELLS = 20;
-const W = 280;
-const H = 118;
-const LEFT = 48; // axis labels
+// 240 units across a ~230 px sidebar chart: the 11-unit text reads at ~10.5 px (280 gave ~7 px).
+const W = 240;
+const H = 122;
+const LEFT = 52; // axis labels
 const RIGHT = 6;
-const TOP = 14; // room for the delta labels
-const BOTTOM = 100; // x-axis labels below
+const TOP = 16; // room for the delta labels
+const BOTTOM = 102; // x-axis labels below
 const LIVE_SLOTS = 3; // the running cell's column is this many cells wide
 const MIN_COLUMNS = 10; // a few cells get wide bars, not a crowd of thin ones
 const MB = 2 ** 20;
@@ -47,14 +49,23 @@ interface IBar {
   duration: number;
 }
 
-function bars(cells: ReadonlyArray<ICellRecord>, useGpu: boolean): IBar[] {
+/** Each cell's start and end figure of the headline's kind, and its in-cell peak where kept. */
+function bars(cells: ReadonlyArray<ICellRecord>, what: LeadKind): IBar[] {
+  const peakOf = (c: ICellRecord): number | null =>
+    what === 'rss' ? c.peak_rss_bytes : what === 'vram' ? c.peak_gpu_bytes : null;
   return cells.map(c => {
-    const start = (useGpu ? gpuUsedBytes(c.start) : c.start.ram.rss_bytes) ?? 0;
-    const end = (useGpu ? gpuUsedBytes(c.end) : c.end.ram.rss_bytes) ?? 0;
-    const peak = Math.max(start, end, (useGpu ? c.peak_gpu_bytes : c.peak_rss_bytes) ?? 0);
+    const start = figureOf(c.start, what) ?? 0;
+    const end = figureOf(c.end, what) ?? 0;
+    const peak = Math.max(start, end, peakOf(c) ?? 0);
     return { count: c.execution_count, start, end, peak, duration: c.duration_s };
   });
 }
+
+const TITLES: { [K in LeadKind]: string } = {
+  allocator: 'Tensors in use',
+  vram: 'VRAM',
+  rss: 'RSS'
+};
 
 const JUMP_FLOOR = 16 * MB; // a change below this is never clipped away
 const JUMP_RATIO = 3; // a jump is this many times larger than everything after it spans
@@ -99,8 +110,8 @@ function mbLabel(n: number): string {
   return n >= 10 * 1024 * MB ? formatBytes(n) : `${Math.round(n / MB)} MB`;
 }
 
-const LABEL_GAP = 34; // a "+48 MB" label's width at the chart's font size
-const CHAR_W = 5.5; // a digit's width at the chart's 9 px font, for keeping labels in the plot
+const LABEL_GAP = 42; // a "+48 MB" label's width at the chart's font size
+const CHAR_W = 6.7; // a digit's width at the chart's 11-unit font, for keeping labels in the plot
 
 /**
  * Label the changes worth a label, skipping any that would overlap a label already placed:
@@ -128,13 +139,16 @@ function labelled(shown: IBar[], step: number, from: number, cut: (b: IBar) => b
 export function historyChart(
   cells: ReadonlyArray<ICellRecord>,
   live: ReadonlyArray<ILivePoint>,
-  useGpu: boolean
+  kind: LeadKind
 ): HTMLElement {
-  const shown = bars(cells.slice(-CHART_CELLS), useGpu);
+  const shown = bars(cells.slice(-CHART_CELLS), kind);
   const livePts = live
-    .map(p => ({ t: p.time_s, v: useGpu ? p.gpu_bytes : p.rss_bytes }))
+    .map(p => ({
+      t: p.time_s,
+      v: p.lead === kind ? p.lead_bytes : kind === 'rss' ? p.rss_bytes : kind === 'vram' ? p.gpu_bytes : null
+    }))
     .filter((p): p is { t: number; v: number } => p.v !== null);
-  const what = useGpu ? 'VRAM' : 'RSS';
+  const what = TITLES[kind];
   const box = h('div', 'jp-kerasmagic-history');
   box.dataset.km = 'history';
   box.dataset.cells = String(cells.length);
@@ -164,6 +178,7 @@ export function historyChart(
   }
   const isCut = (b: IBar): boolean => Math.max(b.start, b.end) > hi || Math.min(b.start, b.end) < lo;
   const marks = labelled(shown, step, from, isCut);
+  const labels: SVGElement[] = []; // drawn after every bar: no later bar covers one
   let clipped = 0;
   shown.forEach((b, i) => {
     const x = LEFT + i * step + step * 0.15;
@@ -195,11 +210,12 @@ export function historyChart(
       // Inside the plot: never over the axis labels on the left, nor past the right edge.
       const half = (text.length * CHAR_W) / 2;
       const cx = Math.min(W - RIGHT - half, Math.max(LEFT + 2 + half, x + width / 2));
-      const label = svg('text', { x: cx, y: Math.max(9, top - 3), 'text-anchor': 'middle', class: 'jp-kerasmagic-delta' }, text);
+      const label = svg('text', { x: cx, y: Math.max(11, top - 3), 'text-anchor': 'middle', class: 'jp-kerasmagic-delta' }, text);
       label.dataset.count = String(b.count);
-      chart.append(label);
+      labels.push(label);
     }
   });
+  chart.append(...labels);
   chart.dataset.clipped = String(clipped);
   if (shown.length) {
     const first = shown[0].count;

@@ -16,7 +16,7 @@ import { CellRecorder } from './cellrecord';
 import { MemoryModel } from './model';
 import { NotebookModels } from './notebooks';
 import { ReportLines } from './reportlines';
-import { MemoryPanel, MemoryStatus } from './widget';
+import { MemoryPanel, MemoryStatus, single } from './widget';
 
 const PANEL_ID = 'kerasmagic-memory';
 
@@ -107,7 +107,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     panel.id = PANEL_ID;
     panel.title.icon = memoryIcon;
     panel.title.caption = 'Kernel memory (kerasmagic)';
-    app.shell.add(panel, 'right', { rank: 900 });
+    // Open on the right the first time (a layout the user saved since restores theirs); in
+    // Notebook 7 a notebook opens full width, and its toolbar item (below) is the way in.
+    const lab = app.name === 'JupyterLab';
+    app.shell.add(panel, 'right', { rank: 900, ...(lab ? { activate: true } : {}) } as never);
 
     app.commands.addCommand(CommandIDs.show, {
       label: 'Show Kernel Memory',
@@ -145,8 +148,17 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
     mainMenu?.kernelMenu.addGroup(commands.map(command => ({ command })), 90);
 
+    const open = (): void => app.shell.activateById(PANEL_ID);
+    if (!statusBar || !lab) {
+      // No status bar (Notebook 7): the figure, in each notebook's toolbar, opens the panel.
+      const toolbarItem = (notebook: NotebookPanel, model: MemoryModel): void => {
+        notebook.toolbar.insertItem(10, 'kerasmagic-memory', new MemoryStatus(single(model), open));
+      };
+      models.forEach(toolbarItem);
+      models.added.connect((_, { panel: notebook, model }) => toolbarItem(notebook, model));
+    }
     if (statusBar) {
-      const item = new MemoryStatus(models, () => app.shell.activateById(PANEL_ID));
+      const item = new MemoryStatus(models, open);
       statusBar.registerStatusItem('kerasmagic:status', {
         item,
         align: 'left',

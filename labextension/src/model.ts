@@ -20,8 +20,10 @@ import {
   IOomFacts,
   ISnapshot,
   Push,
+  TARGET,
   readOom
 } from './protocol';
+import { LeadKind, gpuUsedBytes, leadOf } from './lead';
 import { ChannelEnd, KernelChannel } from './request';
 import { IScanState, Scanner } from './scan';
 
@@ -74,29 +76,21 @@ const GONE: ReadonlyArray<Kernel.Status> = [
   'unknown'
 ];
 
-/** Return this process's VRAM over all GPUs, else the devices' use, else null (as in Python). */
 /** Bytes of TensorFlow tensors over every device that keeps statistics, or null. */
 export function tfBytes(s: ISnapshot): number | null {
   const devices = s.tf.devices;
   return devices.length ? devices.reduce((n, d) => n + d.current_bytes, 0) : null;
 }
 
-export function gpuUsedBytes(snapshot: ISnapshot): number | null {
-  const devices = snapshot.gpu.devices;
-  if (devices.length === 0) {
-    return null;
-  }
-  if (devices.every(d => d.process_used_bytes !== null)) {
-    return devices.reduce((sum, d) => sum + (d.process_used_bytes ?? 0), 0);
-  }
-  return devices.reduce((sum, d) => sum + d.used_bytes, 0);
-}
+export { gpuUsedBytes };
 
-/** A sample of the running cell: when, and the figure the chart shows. */
+/** A sample of the running cell: when, and the figure the chart shows (its headline's). */
 export interface ILivePoint {
   time_s: number;
   rss_bytes: number;
   gpu_bytes: number | null;
+  lead: LeadKind;
+  lead_bytes: number;
 }
 
 const LIVE_POINTS = 240; // two minutes at two samples a second
@@ -302,6 +296,7 @@ export class MemoryModel implements IDisposable {
     this._scanner.dispose();
     this._poll.dispose();
     this._closeChannel();
+    this._listen(null);
     Signal.disconnectAll(this);
     Signal.disconnectReceiver(this);
     Signal.clearData(this);
@@ -328,8 +323,45 @@ export class MemoryModel implements IDisposable {
     this._connect();
   }
 
+  /** Take the comms the kernel opens (`%load_ext` announces one) on the current kernel. */
+  private _listen(kernel: Kernel.IKernelConnection | null): void {
+    if (this._listening === kernel) {
+      return;
+    }
+    if (this._listening && !this._listening.isDisposed) {
+      this._listening.removeCommTarget(TARGET, this._onKernelComm);
+    }
+    this._listening = kernel;
+    kernel?.registerCommTarget(TARGET, this._onKernelComm);
+  }
+
+  /** The kernel opened a comm (kerasmagic just loaded): it replaces any channel of this page. */
+  private _onKernelComm = (comm: Kernel.IComm, msg: KM.ICommOpenMsg): void => {
+    const kernel = this._listening;
+    if (this._disposed || kernel === null || kernel !== this._session?.session?.kernel) {
+      comm.close();
+      return;
+    }
+    this._closeChannel();
+    this._adopt(new KernelChannel(kernel, [comm, msg]));
+    this._changed.emit();
+  };
+
+  private _adopt(channel: KernelChannel): void {
+    channel.pushed.connect(this._onPush, this);
+    channel.ended.connect(this._onEnded, this);
+    channel.errors.connect((_, e) => {
+      this._error = e.error;
+      this._changed.emit();
+    });
+    this._channel = channel;
+    this._connectStartedMs = Date.now();
+    this._status = 'connecting';
+  }
+
   private _connect(): void {
     const kernel = this._session?.session?.kernel ?? null;
+    this._listen(kernel);
     if (this._channel && this._channel.kernel === kernel && !this._channel.isDisposed) {
       return;
     }
@@ -338,16 +370,7 @@ export class MemoryModel implements IDisposable {
       this._status = 'no-kernel';
     } else {
       try {
-        const channel = new KernelChannel(kernel);
-        channel.pushed.connect(this._onPush, this);
-        channel.ended.connect(this._onEnded, this);
-        channel.errors.connect((_, e) => {
-          this._error = e.error;
-          this._changed.emit();
-        });
-        this._channel = channel;
-        this._connectStartedMs = Date.now();
-        this._status = 'connecting';
+        this._adopt(new KernelChannel(kernel));
       } catch (error) {
         this._status = 'no-kernel';
         this._error = String(error);
@@ -415,7 +438,11 @@ export class MemoryModel implements IDisposable {
     if (last !== undefined && s.time_s <= last.time_s) {
       return;
     }
-    const point = { time_s: s.time_s, rss_bytes: s.ram.rss_bytes, gpu_bytes: gpuUsedBytes(s) };
+    const lead = leadOf(s);
+    const point = {
+      time_s: s.time_s, rss_bytes: s.ram.rss_bytes, gpu_bytes: gpuUsedBytes(s),
+      lead: lead.what, lead_bytes: lead.used_bytes
+    };
     this._running = [...this._running, point].slice(-LIVE_POINTS);
   }
 
@@ -536,6 +563,7 @@ export class MemoryModel implements IDisposable {
   }
 
   private _session: ISessionContext;
+  private _listening: Kernel.IKernelConnection | null = null;
   private _active = false;
   private _running: ILivePoint[] = [];
   private _cellRecorded = new Signal<this, ICellMessage>(this);

@@ -25,12 +25,21 @@ interface IPending {
 export type ChannelEnd = 'refused' | 'closed';
 
 export class KernelChannel implements IDisposable {
-  /** Open a comm to `kernel`'s kerasmagic target and say hello. */
-  constructor(kernel: Kernel.IKernelConnection) {
+  /**
+   * Open a comm to `kernel`'s kerasmagic target and say hello; or, given the comm the kernel
+   * opened itself (`%load_ext` announces one: its messages come on iopub, while a hello this
+   * page sends waits behind every queued cell of Run All), take it with its opening message.
+   */
+  constructor(kernel: Kernel.IKernelConnection, opened?: [Kernel.IComm, KM.ICommOpenMsg]) {
     this.kernel = kernel;
-    this._comm = kernel.createComm(TARGET);
+    this._comm = opened ? opened[0] : kernel.createComm(TARGET);
     this._comm.onMsg = msg => this._onMsg(msg);
     this._comm.onClose = () => this._end(this._accepted ? 'closed' : 'refused');
+    if (opened) {
+      // Its data is the kernel's `state`: given once the owner listens to `pushed`.
+      void Promise.resolve().then(() => this._disposed || this._onMsg(opened[1]));
+      return;
+    }
     this._comm
       .open({ protocol: PROTOCOL, type: 'hello' })
       .done.catch(() => this._end('closed'));
@@ -112,7 +121,7 @@ export class KernelChannel implements IDisposable {
     }
   }
 
-  private _onMsg(msg: KM.ICommMsgMsg): void {
+  private _onMsg(msg: KM.ICommMsgMsg | KM.ICommOpenMsg): void {
     const message = parseKernelMessage(msg.content.data);
     if (message === null) {
       console.warn('kerasmagic: ignoring a message this frontend does not understand', msg);

@@ -3,6 +3,7 @@
  * model and call its actions; every figure on screen carries `data-km`
  * attributes with raw bytes so tests and users can read exact values.
  */
+import { ISignal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { h } from './dom';
@@ -10,7 +11,8 @@ import { formatBytes, formatDelta, percent } from './format';
 import { historyChart } from './chart';
 import { backendLabel, oomFigures, oomSummary } from './oom';
 import { droppedText } from './holders';
-import { IFreeState, MemoryModel, gpuUsedBytes, tfBytes } from './model';
+import { figureOf, leadOf, shortName } from './lead';
+import { IFreeState, MemoryModel, tfBytes } from './model';
 import { NotebookModels } from './notebooks';
 import { ICleanupReport, IGpuDevice, ISnapshot } from './protocol';
 import { ScanSection } from './scanview';
@@ -227,19 +229,30 @@ function oomBanner(m: MemoryModel): HTMLElement | null {
   );
 }
 
-/** The one figure a user wants first: this kernel's VRAM on a GPU, else its RAM, in large type. */
+/**
+ * The one figure a user wants first, in large type: what runs out first against its limit
+ * (the backend's tensors where it keeps figures beside a GPU; else VRAM; else RSS), with
+ * NVML's reservation beside it, named as such (`kerasmagic/headline.py`).
+ */
 function headline(m: MemoryModel, s: ISnapshot): HTMLElement {
-  const vram = gpuUsedBytes(s);
-  const [label, bytes] = vram === null ? ['this kernel’s RAM (RSS)', s.ram.rss_bytes] : ['this kernel’s VRAM', vram];
+  const lead = leadOf(s);
   const last = m.history[m.history.length - 1];
-  const change = last === undefined ? null
-    : vram === null ? last.delta.rss_bytes ?? null : last.delta.gpu_used_bytes ?? null;
+  const before = last === undefined ? null : figureOf(last.start, lead.what);
+  const after = last === undefined ? null : figureOf(last.end, lead.what);
+  const change = before === null || after === null ? null : after - before;
+  const of = lead.limit_bytes === null ? '' : ` of ${formatBytes(lead.limit_bytes)}`;
+  const reserved = lead.reserved_bytes === null ? null
+    : h('div', { class: 'jp-kerasmagic-note', 'data-km': 'headline-reserved' },
+      `${formatBytes(lead.reserved_bytes)} reserved on the GPU (NVML: what the process holds, ` +
+      'flat once TensorFlow has reserved the card)');
   return h(
     'div',
-    { class: 'jp-kerasmagic-headline', 'data-km': 'headline', 'data-bytes': String(bytes) },
-    h('div', { class: 'jp-kerasmagic-headline-value' }, formatBytes(bytes)),
+    { class: 'jp-kerasmagic-headline', 'data-km': 'headline', 'data-bytes': String(lead.used_bytes),
+      'data-what': lead.what, 'data-limit': String(lead.limit_bytes ?? '') },
+    h('div', { class: 'jp-kerasmagic-headline-value' }, formatBytes(lead.used_bytes) + of),
     h('div', { class: 'jp-kerasmagic-headline-label' },
-      label + (change === null ? '' : ` · ${formatDelta(change)} in cell [${last.execution_count}]`))
+      lead.label + (change === null ? '' : ` · ${formatDelta(change)} in cell [${last.execution_count}]`)),
+    reserved
   );
 }
 
@@ -325,7 +338,7 @@ export class MemoryPanel extends Widget {
         fact('graph-ops', ...TILES.graphOps, s.graph.default_graph_ops),
         fact('custom-gradients', ...TILES.gradients, s.graph.custom_gradients),
         fact('functions', ...TILES.functions, m.functions)),
-      historyChart(m.history, m.running, gpus.length > 0),
+      historyChart(m.history, m.running, leadOf(s).what),
       leakBanner(m)
     );
   }
@@ -357,9 +370,20 @@ export class MemoryPanel extends Widget {
   });
 }
 
-/** The status-bar item: the kernel's VRAM, or its RSS without a GPU. */
+/** What a status item shows: a model (the active notebook's, or one notebook's own). */
+export interface IModelSource {
+  readonly current: MemoryModel | null;
+  readonly changed: ISignal<unknown, void>;
+}
+
+/** One notebook's model as a source (Notebook 7's toolbar item follows its own notebook). */
+export function single(model: MemoryModel): IModelSource {
+  return { current: model, changed: model.changed };
+}
+
+/** The status item: the headline's figure (`headline.py`); in Notebook 7, each toolbar's. */
 export class MemoryStatus extends Widget {
-  constructor(models: NotebookModels, onClick: () => void) {
+  constructor(models: IModelSource, onClick: () => void) {
     super();
     this._models = models;
     this.addClass('jp-kerasmagic-status');
@@ -389,8 +413,8 @@ export class MemoryStatus extends Widget {
       this.node.dataset.bytes = '';
       return;
     }
-    const vram = gpuUsedBytes(s);
-    const [label, bytes] = vram === null ? ['RSS', s.ram.rss_bytes] : ['VRAM', vram];
+    const lead = leadOf(s);
+    const [label, bytes] = [shortName(lead), lead.used_bytes];
     this.node.textContent = `${warn ? '⚠ ' : ''}${label} ${formatBytes(bytes)}`;
     this.node.title = warn
       ? `Memory keeps growing: ${m!.verdict!.message} Click for details.`
@@ -400,5 +424,5 @@ export class MemoryStatus extends Widget {
     this.node.dataset.bytes = String(bytes);
   }
 
-  private _models: NotebookModels;
+  private _models: IModelSource;
 }

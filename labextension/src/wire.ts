@@ -79,6 +79,16 @@ export interface IKerasInfo {
   live_models: number | null;
 }
 
+/** `kerasmagic.headline.Headline` on the wire. */
+export interface IHeadline {
+  what: 'allocator' | 'vram' | 'rss';
+  label: string;
+  used_bytes: number;
+  limit_bytes: number | null;
+  limit_label: string | null;
+  reserved_bytes: number | null;
+}
+
 /** `kerasmagic.snapshot.MemorySnapshot` on the wire. */
 export interface ISnapshot {
   time_s: number;
@@ -91,6 +101,7 @@ export interface ISnapshot {
   version: number;
   tf: ITfInfo;
   graph: IGraphInfo;
+  headline?: IHeadline;
 }
 
 /** `kerasmagic.snapshot.SnapshotDelta` on the wire. */
