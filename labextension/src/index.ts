@@ -110,7 +110,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     // Open on the right the first time (a layout the user saved since restores theirs); in
     // Notebook 7 a notebook opens full width, and its toolbar item (below) is the way in.
     const lab = app.name === 'JupyterLab';
-    app.shell.add(panel, 'right', { rank: 900, ...(lab ? { activate: true } : {}) } as never);
+    app.shell.add(panel, 'right', { rank: 900, activate: lab });
 
     app.commands.addCommand(CommandIDs.show, {
       label: 'Show Kernel Memory',

@@ -230,6 +230,15 @@ def wait_until(page: Any, js: str, arg: Any = None, timeout_s: float = 30) -> No
     page.wait_for_function(js, arg=arg, timeout=timeout_s * 1000, polling=200)
 
 
+def show_sidebar(page: Any) -> None:
+    """Show the memory panel: JupyterLab opens it on the right at start (a click on its tab
+    then would close it); Notebook 7 and a saved layout may not."""
+    panel = page.locator("#kerasmagic-memory")
+    if not panel.is_visible():
+        page.click('.jp-SideBar .lm-TabBar-tab[data-id="kerasmagic-memory"]')
+    panel.wait_for(state="visible", timeout=10000)
+
+
 def wait_for_kernel(page: Any, timeout_s: float = 90) -> None:
     """Wait until the current notebook's kernel is connected and idle."""
     wait_until(page, KERNEL_READY_JS, timeout_s=timeout_s)

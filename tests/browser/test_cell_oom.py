@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 
-from .conftest import FREE_TIMEOUT_MS, Server, run_cell, wait_for_kernel, wait_until, write_notebook
+from .conftest import (
+    FREE_TIMEOUT_MS,
+    Server,
+    run_cell,
+    show_sidebar,
+    wait_for_kernel,
+    wait_until,
+    write_notebook,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +54,7 @@ def test_an_oom_marks_the_badge_is_saved_and_shown_in_the_panel(lab: Server, pag
     write_notebook(lab.root, "oom.ipynb", CELLS)
     page.goto(f"{lab.url}/lab/workspaces/oom/tree/oom.ipynb")
     wait_for_kernel(page)
-    page.click('.jp-SideBar .lm-TabBar-tab[data-id="kerasmagic-memory"]')
+    show_sidebar(page)
     for index in (0, 1):
         run_cell(page, index)
     assert _badge(page, 1)["oom"] == "false"

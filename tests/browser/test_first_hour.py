@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 
-from .conftest import MB, Server, run_cell, wait_done, wait_for_kernel, wait_until, write_notebook
+from .conftest import (
+    MB,
+    Server,
+    run_cell,
+    show_sidebar,
+    wait_done,
+    wait_for_kernel,
+    wait_until,
+    write_notebook,
+)
 from .contrast import low_contrast, set_theme
 
 pytestmark = pytest.mark.slow
@@ -49,7 +58,7 @@ LINES_JS = """(el) => { const r = document.createRange(); r.selectNodeContents(e
 
 
 def _open_sidebar(page: Any) -> Any:
-    page.click('.jp-SideBar .lm-TabBar-tab[data-id="kerasmagic-memory"]')
+    show_sidebar(page)
     return page.locator(PANEL)
 
 

@@ -17,6 +17,7 @@ from .conftest import (
     MB,
     Server,
     run_cell,
+    show_sidebar,
     wait_done,
     wait_for_kernel,
     wait_until,
@@ -57,7 +58,7 @@ def test_sidebar_follows_the_kernel_and_frees_memory(lab: Server, page: Any) -> 
     page.goto(f"{lab.url}/lab/workspaces/sidebar/tree/sidebar.ipynb")
     page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=60000)
     wait_for_kernel(page)
-    page.click('.jp-SideBar .lm-TabBar-tab[data-id="kerasmagic-memory"]')
+    show_sidebar(page)
     panel = page.locator(".jp-kerasmagic-panel")
     wait_until(
         page, "document.querySelector('.jp-kerasmagic-panel')?.dataset.status === 'not-loaded'"
@@ -168,7 +169,7 @@ def test_sidebar_follows_the_active_notebook(lab: Server, page: Any) -> None:
         run_cell(page, 1, scope=notebook)
     assert pids["one.ipynb"] != pids["two.ipynb"], pids
 
-    page.click('.jp-SideBar .lm-TabBar-tab[data-id="kerasmagic-memory"]')
+    show_sidebar(page)
     for name in (*names, *names):
         _activate(page, name)
         wait_until(page, FOLLOWS_JS, arg=[pids[name], name])

@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 
-from .conftest import MB, Server, run_cell, wait_done, wait_for_kernel, wait_until, write_notebook
+from .conftest import (
+    MB,
+    Server,
+    run_cell,
+    show_sidebar,
+    wait_done,
+    wait_for_kernel,
+    wait_until,
+    write_notebook,
+)
 from .contrast import CONTRAST_JS, low_contrast, set_theme
 
 pytestmark = pytest.mark.slow
@@ -60,7 +69,7 @@ def test_sidebar_look_in_light_and_dark(lab: Server, page: Any) -> None:
     write_notebook(lab.root, "look.ipynb", CELLS)
     page.goto(f"{lab.url}/lab/workspaces/look/tree/look.ipynb")
     wait_for_kernel(page)
-    page.click('.jp-SideBar .lm-TabBar-tab[data-id="kerasmagic-memory"]')
+    show_sidebar(page)
     for index in (0, 1, 2, 3, 3, 3):
         run_cell(page, index)
     wait_until(page, "document.querySelector('[data-km=\"history\"]')?.dataset.cells >= 5")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Server, run_cell, wait_for_kernel, wait_until, write_notebook
+from .conftest import Server, run_cell, show_sidebar, wait_for_kernel, wait_until, write_notebook
 from .contrast import low_contrast, set_theme
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def test_scan_shows_what_holds_memory(lab: Server, page: Any) -> None:
     write_notebook(lab.root, "scan.ipynb", CELLS)
     page.goto(f"{lab.url}/lab/workspaces/scan/tree/scan.ipynb")
     wait_for_kernel(page)
-    page.click('.jp-SideBar .lm-TabBar-tab[data-id="kerasmagic-memory"]')
+    show_sidebar(page)
     for index in (0, 1, 2):
         run_cell(page, index)
     wait_until(page, f"document.querySelector('{PANEL}')?.dataset.status === 'live'")
