@@ -7,6 +7,7 @@ and then the callback, on whatever thread imported it. The module keeps its real
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import logging
 import sys
@@ -20,11 +21,15 @@ log = logging.getLogger(__name__)
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
-    """Call ``callback()`` right after any of ``names`` is imported (each time it is)."""
+    """Call ``callback()`` right after any of ``names`` is imported (each time it is); with
+    ``named``, ``callback(name)``, the module's name."""
 
-    def __init__(self, names: Sequence[str], callback: Callable[[], None]) -> None:
+    def __init__(
+        self, names: Sequence[str], callback: Callable[..., None], named: bool = False
+    ) -> None:
         self._names = frozenset(names)
         self._callback = callback
+        self._named = named
         self._finding = threading.local()  # the other finders may import: not through us
 
     def install(self) -> None:
@@ -50,7 +55,8 @@ class AfterImport(importlib.abc.MetaPathFinder):
             self._finding.on = False
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _ThenCall(spec.loader, self._callback)
+        then = functools.partial(self._callback, fullname) if self._named else self._callback
+        spec.loader = _ThenCall(spec.loader, then)
         return spec
 
 

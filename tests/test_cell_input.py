@@ -247,7 +247,8 @@ def test_lines_keep_their_numbers_after_leading_blank_lines(
     number = ip.execution_count
     ip.run_cell("%%fresh_model -q --isolate\n\nz = (1,\n", store_history=True)
     text = output(capsys)
-    assert names_cell(text, number, 3) and "SyntaxError" in text, text
+    # (Python 3.13's incomplete input is a SyntaxError IPython 7 shows by its own class name)
+    assert names_cell(text, number, 3) and re.search(r"\w*Error: incomplete input", text), text
     assert ".py, line" not in text and "Traceback" not in text  # not a temporary file's name
     if importlib.util.find_spec("cloudpickle") is not None:  # isolation's own need
         ip.run_cell("%%fresh_model -q --isolate\n\n\nz = 1\nraise ValueError(3)")
@@ -628,6 +629,8 @@ def test_no_bad_cell_shows_kerasmagic_in_a_real_kernel(tmp_path: Any) -> None:
 
 
 def kernel_cell(client: Any, code: str) -> tuple[dict[str, Any], str]:
-    """Run ``code`` in the kernel; return its reply and what it showed, colours removed."""
-    reply, text = kernel_run_text(client, code)
+    """Run ``code`` in the kernel; return its reply and what it showed, colours removed. Bad
+    cells follow one another at once: not stopped on error (ipykernel 6.17 would abort the
+    next one if it came before it stopped aborting)."""
+    reply, text = kernel_run_text(client, code, stop_on_error=False)
     return reply, ANSI.sub("", text)

@@ -82,7 +82,6 @@ def test_model_in_stored_traceback_is_dropped(kip: InteractiveShell) -> None:
     assert sys.last_value is not None  # the error itself is still there for %tb
 
 
-@pytest.mark.pair
 def test_history_model_link_is_cut_and_numbers_kept(kip: InteractiveShell) -> None:
     run(kip, "h = build().fit(x, y, epochs=2, verbose=0)")
     held = weakref.ref(kip.user_ns["h"].model)
@@ -137,7 +136,6 @@ def test_keep_protects_names_from_all(kip: InteractiveShell) -> None:
     assert "base" in kip.user_ns and "other" not in kip.user_ns
 
 
-@pytest.mark.pair
 def test_kept_model_still_trains_after_cleanup(kip: InteractiveShell) -> None:
     run(kip, "base = build()\nbase.fit(x, y, verbose=0);")
     for _ in range(2):
@@ -172,7 +170,6 @@ def forward(v):
 """
 
 
-@pytest.mark.pair
 def test_user_custom_gradient_survives_cleanup(kip: InteractiveShell) -> None:
     run(kip, CUSTOM_LAYER)
     run(kip, "probe = tf.ones((2, 3))\nconcrete = forward.get_concrete_function(probe)")
@@ -193,7 +190,6 @@ def test_user_custom_gradient_survives_cleanup(kip: InteractiveShell) -> None:
     assert (kip.user_ns["g2"] == 2.0).all() and kip.user_ns["loss"] == kip.user_ns["loss"]
 
 
-@pytest.mark.pair
 def test_leak_stops_across_reruns(kip: InteractiveShell) -> None:
     cell = "model = build()\nmodel.fit(x, y, verbose=0)\nmodel.predict(x[:4], verbose=0);"
     counts, objects = [], []
@@ -287,15 +283,15 @@ def test_help_is_generated(ip: InteractiveShell) -> None:
 def test_unload_removes_magics(ip: InteractiveShell) -> None:
     from kerasmagic.onimport import AfterImport
 
-    def hooks() -> int:  # the loop guard's post-import hook for Keras's optimizers
+    def hooks() -> int:  # the loop guard's (Keras's optimizers), compat's (the frameworks)
         return sum(isinstance(finder, AfterImport) for finder in sys.meta_path)
 
-    assert hooks() == 1
+    assert hooks() == 2
     ip.run_line_magic("unload_ext", "kerasmagic")
     assert ip.find_cell_magic("fresh_model") is None and ip.find_line_magic("gpu_mem") is None
     assert hooks() == 0
     ip.run_line_magic("load_ext", "kerasmagic")
-    assert ip.find_cell_magic("fresh_model") is not None and hooks() == 1
+    assert ip.find_cell_magic("fresh_model") is not None and hooks() == 2
 
 
 def test_a_part_that_fails_to_load_rolls_the_whole_load_back(
@@ -336,7 +332,6 @@ def test_cells_compile_with_the_shells_future_flags(kip: InteractiveShell) -> No
     assert kip.user_ns["ann"] == {"x": int, "return": int}  # not the strings 'int'
 
 
-@pytest.mark.pair
 def test_keras_settings_survive_the_reset(kip: InteractiveShell) -> None:
     run(kip, "keras.mixed_precision.set_global_policy('mixed_float16')")
     try:

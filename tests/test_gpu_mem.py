@@ -27,7 +27,6 @@ def test_table_without_gpu(kip: InteractiveShell, capsys: pytest.CaptureFixture[
     assert "1 live model in the namespace" in out
 
 
-@pytest.mark.pair
 def test_cpu_allocator_is_read_to_the_byte(
     kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -69,7 +68,6 @@ def test_cpu_without_allocator_statistics_says_so(tmp_path: pathlib.Path) -> Non
     assert "no allocator peak to reset" in out.stdout
 
 
-@pytest.mark.pair
 def test_json_is_the_snapshot(kip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
     run(kip, "model = build()\nmodel.fit(x, y, verbose=0);")
     capsys.readouterr()

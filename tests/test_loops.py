@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 
-import pytest
 from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -29,7 +28,6 @@ for fold in range(7):
 """
 
 
-@pytest.mark.pair
 def test_a_plain_kfold_loop_stays_flat(kip: InteractiveShell) -> None:
     run(kip, BIG)
     run(kip, LOOP)
@@ -61,7 +59,6 @@ def test_models_the_loop_keeps_stay_and_still_train(kip: InteractiveShell) -> No
     run(kip, "for m in kept: m.fit(x, y, epochs=1, verbose=0)")  # every kept model trains
 
 
-@pytest.mark.pair
 def test_a_train_step_from_an_earlier_cell_drops_the_traces_of_dead_models(
     kip: InteractiveShell,
 ) -> None:

@@ -116,7 +116,6 @@ def build():
 """
 
 
-@pytest.mark.pair
 @pytest.mark.slow
 def test_a_real_oom_is_explained_after_the_traceback_and_recovered(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
@@ -303,7 +302,6 @@ w0 = [w.copy() for w in m.get_weights()]
 """
 
 
-@pytest.mark.pair
 @pytest.mark.slow
 def test_the_batch_finder_under_a_capped_allocator_finds_a_batch_that_trains(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch

@@ -8,7 +8,6 @@ framework is imported later; nothing here imports a framework or touches NVML.
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
@@ -46,10 +45,14 @@ def watch() -> None:
     if not _watching:
         from kerasmagic.onimport import AfterImport
 
-        for name in FRAMEWORKS:
-            hook = AfterImport((name,), functools.partial(check_now, finished=frozenset({name})))
-            hook.install()
-            _watching.append(hook)
+        hook = AfterImport(FRAMEWORKS, _just_imported, named=True)
+        hook.install()
+        _watching.append(hook)
+
+
+def _just_imported(name: str) -> None:
+    """A framework's code has just run: check what it holds now (``name`` counts as done)."""
+    check_now(finished=frozenset({name}))
 
 
 def unwatch() -> None:
