@@ -40,6 +40,20 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
             item.add_marker(skip)
 
 
+def pytest_sessionfinish(session: Any) -> None:
+    """In a pytest-xdist worker: hand the fault-and-fuzz counts to the controller."""
+    output = getattr(session.config, "workeroutput", None)
+    if isinstance(output, dict):
+        output["faultcounts"] = dict(faultcounts.COUNTS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """The controller (``pytest -n 2``): add each worker's counts to the summary's."""
+    for name, count in getattr(node, "workeroutput", {}).get("faultcounts", {}).items():
+        faultcounts.COUNTS[name] = faultcounts.COUNTS.get(name, 0) + count
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Print the fault-and-fuzz suite's counts (``faultcounts``) when any fault test ran."""
     line = faultcounts.summary()

@@ -81,12 +81,12 @@ def check_01(out: list[str]) -> None:
     assert "still alive through history.model" in out[1]
     reruns = megabytes(out[3]) + megabytes(out[4]) + megabytes(out[5])
     assert len(reruns) == 5 and len(set(reruns[1:])) == 1, reruns
-    loop = megabytes(out[6])
-    assert len(loop) == 5 and max(loop[1:]) - min(loop[1:]) < (loop[1] - loop[0]) / 2, loop
+    loop = megabytes(out[6])  # flat once the first few models are held: under one model
+    assert len(loop) == 8 and max(loop[3:]) - min(loop[3:]) < loop[1] - loop[0], loop
 
 
 def check_02(out: list[str]) -> None:
-    assert "stable" not in out[6] and "re-run" in out[6], out[6]  # the verdict after three runs
+    assert " grows " in out[6] and "%%fresh_model" in out[6], out[6]  # after three runs
     assert out[11].strip() == "stable: no growth across re-runs", out[11]
 
 

@@ -107,6 +107,7 @@ def test_what_real_objects_send_is_what_the_schema_declares(
     found.append((oom.facts, oom.facts.to_dict()))
     gpu = take_snapshot()
     found.append((gpu.gpu.devices[0], gpu.to_dict()["gpu"]["devices"][0]))
+    found.append((gpu.headline, gpu.to_dict()["headline"]))
     for obj, data in found:
         _check(obj, data)
     assert {type(obj) for obj, _ in found} == {cls for cls, _ in WIRE}  # every type checked

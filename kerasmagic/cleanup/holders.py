@@ -194,8 +194,10 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
     if not types:
         return []
     # A loop in this cell may have frozen the collector's old objects (cleanup/loops.py), and
-    # gc.get_objects() lists no frozen object: thawed first, as before any cleanup.
+    # gc.get_objects() lists no frozen object: thawed first, as before any cleanup, and what
+    # is garbage collected, so that a model listed is one something holds.
     Freezer.thaw()
+    gc.collect()
     models: list[Any] = [obj for obj in gc.get_objects() if is_a(obj, types)]
     inner = {id(getattr(m, "_functional", None)) for m in models}
     owners: dict[int, str] = {}

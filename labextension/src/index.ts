@@ -19,6 +19,7 @@ import { ReportLines } from './reportlines';
 import { MemoryPanel, MemoryStatus, single } from './widget';
 
 const PANEL_ID = 'kerasmagic-memory';
+const OPENED_ONCE = 'kerasmagic:sidebar-opened-once';
 
 const memoryIcon = new LabIcon({
   name: 'kerasmagic:memory',
@@ -107,10 +108,19 @@ const plugin: JupyterFrontEndPlugin<void> = {
     panel.id = PANEL_ID;
     panel.title.icon = memoryIcon;
     panel.title.caption = 'Kernel memory (kerasmagic)';
-    // Open on the right the first time (a layout the user saved since restores theirs); in
+    app.shell.add(panel, 'right', { rank: 900 });
+    // Open on the right once, the first time kerasmagic runs in this browser (after the
+    // layout is restored, which would collapse it; later the user's own layout stays). In
     // Notebook 7 a notebook opens full width, and its toolbar item (below) is the way in.
     const lab = app.name === 'JupyterLab';
-    app.shell.add(panel, 'right', { rank: 900, activate: lab });
+    if (lab) {
+      void app.restored.then(() => {
+        if (window.localStorage.getItem(OPENED_ONCE) === null) {
+          window.localStorage.setItem(OPENED_ONCE, 'yes');
+          app.shell.activateById(PANEL_ID);
+        }
+      });
+    }
 
     app.commands.addCommand(CommandIDs.show, {
       label: 'Show Kernel Memory',
