@@ -23,13 +23,12 @@ from kerasmagic.cleanup.holders import live_models
 from kerasmagic.cleanup.report import report_text
 from kerasmagic.compat import check_now, reaches
 from kerasmagic.interrupts.held import held_interrupts
-from kerasmagic.live import get_monitor
+from kerasmagic.live import CellRecord, get_monitor
 from kerasmagic.magicargs import keep_names, megabytes, parse_line
 from kerasmagic.native.heap import MAX_MB, pin_mmap_threshold
 from kerasmagic.probes import read_ram
 from kerasmagic.probes.variables import largest_variables
 from kerasmagic.snapshot import take_snapshot
-from kerasmagic.units import signed_bytes
 from kerasmagic.views.render import (
     Table,
     freed_row,
@@ -228,12 +227,13 @@ class KerasMagics(Magics):
             if args.quiet:
                 return
             monitor = get_monitor(self.ip)
-            if monitor is not None and monitor.at_cell_end(
-                lambda record: print(f"kerasmagic: {report_text(report, after_cleanup, record)}")
-            ):
-                return  # said at the cell's end, from its record: the badge's figures
-            took = signed_bytes(read_ram().rss_bytes - after_cleanup)
-            print(f"kerasmagic: {report.summary()}; the cell then took {took} of RAM")
+
+            def say(record: CellRecord | None) -> None:
+                line = report_text(report, after_cleanup, record, read_ram().rss_bytes)
+                print(f"kerasmagic: {line}")
+
+            if monitor is None or not monitor.at_cell_end(say):
+                say(None)  # no record coming (a magic called inside a cell): said now
 
         return runner.run(self.ip, compiled, report_line)
 

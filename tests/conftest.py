@@ -66,6 +66,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def ip() -> Iterator[InteractiveShell]:
     """A real IPython shell with kerasmagic loaded, a clean namespace, unloaded afterwards."""
     shell = InteractiveShell.instance()
+    # An earlier test's error: its traceback's frames lead back to that test's frame and locals.
+    for stored in ("last_type", "last_value", "last_traceback", "last_exc"):
+        setattr(sys, stored, None)
+    shell.last_execution_result = None
+    if hasattr(shell.SyntaxTB, "last_syntax_error"):  # IPython keeps the last SyntaxError
+        shell.SyntaxTB.last_syntax_error = None
     shell.run_line_magic("reset", "-f")
     shell.history_manager.reset()  # type: ignore[union-attr]
     shell.execution_count = 1

@@ -62,10 +62,15 @@ def _names(items: tuple[str, ...], limit: int = 6) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def report_text(report: CleanupReport, after_cleanup_rss: int, record: Any) -> str:
+def report_text(report: CleanupReport, after_cleanup_rss: int, record: Any, now: int) -> str:
     """Return a ``%%fresh_model`` cell's line once the cell is recorded: the cleanup, what the
     cell then took, and the net change over the whole cell, which is the cell's record (the
-    badge under it, the sidebar's chart): freed and took, measured apart, add up to it."""
+    badge under it, the sidebar's chart): freed and took, measured apart, add up to it. Without
+    a record (its snapshot failed) what the cell took is read from ``now``, RSS at the end."""
+    if record is None:
+        return (
+            f"{report.summary()}; the cell then took {signed_bytes(now - after_cleanup_rss)} of RAM"
+        )
     took = record.end.ram.rss_bytes - after_cleanup_rss
     net = record.delta.rss_bytes
     return (

@@ -86,7 +86,8 @@ class LiveMonitor(Configurable):
         self._lock = threading.Lock()
         self._latest: MemorySnapshot | None = None
         self._start: tuple[MemorySnapshot, str, str] | None = None
-        self._at_cell_end: Callable[[CellRecord], None] | None = None
+        self._at_cell_end: Callable[[CellRecord | None], None] | None = None
+        self._recorded: CellRecord | None = None  # this cell's record, for _at_cell_end
         self._verdict = STABLE
         self._runs_of: dict[str, deque[CellRecord]] = {}  # source hash -> its latest runs
         self.detector = LeakDetector(parent=self)
@@ -114,7 +115,7 @@ class LiveMonitor(Configurable):
 
         return unsubscribe
 
-    def at_cell_end(self, fn: Callable[[CellRecord], None]) -> bool:
+    def at_cell_end(self, fn: Callable[[CellRecord | None], None]) -> bool:
         """Have ``fn(record)`` run once this ``%%fresh_model`` cell is recorded (its report line,
         then, reads the same figures as the cell's record and badge); False when no such cell is
         being recorded or one is already waiting (a magic called again inside the cell)."""
@@ -168,12 +169,17 @@ class LiveMonitor(Configurable):
         return dataclasses.replace(latest, time_s=time.time(), ram=read_ram())
 
     def post_run_cell(self, result: Any) -> None:
-        """Record the cell, judge the history, and tell subscribers (never raises)."""
+        """Record the cell, judge the history, and tell subscribers (never raises); what
+        waited for the record gets it, or None if none could be made."""
+        at_end, self._at_cell_end = self._at_cell_end, None
         if _never_raise(self._post_run_cell, result):
             interrupt_finished_cell(self._shell, result)
+        if at_end is not None:
+            _never_raise(at_end, self._recorded)
+        self._recorded = None
 
     def _post_run_cell(self, result: Any) -> None:
-        at_end, self._at_cell_end = self._at_cell_end, None
+        self._recorded = None
         if self._start is None:
             return
         start, key, mode = self._start
@@ -209,8 +215,7 @@ class LiveMonitor(Configurable):
             del self._runs_of[next(iter(self._runs_of))]  # the least recently run cell
         with self._lock:
             self._latest = end
-        if at_end is not None:
-            at_end(record)
+        self._recorded = record
         self._verdict = self.detector.judge(history, self._runs_of)
         self._emit("cell", record)
 
