@@ -1,9 +1,9 @@
 """The one memory snapshot type that magics, widget, sidebar and benchmarks all read.
 
 Every Keras backend, TensorFlow included, is one ``BackendInfo`` entry in ``backends``: its
-allocator per device and its cache sizes. ``tf`` and ``graph`` are views of TensorFlow's entry,
-for the readers that want TensorFlow's figures by name; ``to_dict`` still writes them, so
-sidebars built before the backends list keep working (docs/protocol.md).
+allocator per device and its cache sizes. ``tf`` and ``graph`` are typed views of TensorFlow's
+entry for the Python readers that want its figures by name; they are not written by ``to_dict``,
+so the wire carries each figure once (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kerasmagic.backends import BackendDevice, BackendInfo, keras_backend, read_active
+from kerasmagic.backends import BackendInfo, keras_backend, read_active
 from kerasmagic.backends.tensorflow import info as tensorflow_info
 from kerasmagic.backends.tensorflow.alloc import TfDeviceMemory, TfInfo, read_tf
 from kerasmagic.backends.tensorflow.graph import GraphInfo, read_graph
@@ -31,7 +31,7 @@ from kerasmagic.probes import (
     read_ram,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: TensorFlow's figures only in `backends`
 GRAPH_FIGURES = ("default_graph_ops", "custom_gradients", "functions")  # TF's caches
 
 
@@ -89,7 +89,6 @@ class MemorySnapshot:
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict (``version`` first) that ``json.dumps`` accepts."""
         data = {"version": SCHEMA_VERSION, **as_dict(self)}
-        data["tf"], data["graph"] = as_dict(self.tf), as_dict(self.graph)
         data["headline"] = as_dict(self.headline)
         return data
 
@@ -99,12 +98,8 @@ class MemorySnapshot:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MemorySnapshot:
-        """Rebuild a snapshot from ``to_dict`` output (a dict from before the backends list,
-        with TensorFlow's figures only under ``tf`` and ``graph``, too)."""
+        """Rebuild a snapshot from ``to_dict`` output."""
         gpu = data["gpu"]
-        backends = tuple(BackendInfo.from_dict(b) for b in data.get("backends", ()))
-        if not any(b.name == "tensorflow" for b in backends) and data.get("tf", {}).get("imported"):
-            backends += (_legacy_tensorflow(data["tf"], data.get("graph") or {}),)
         return cls(
             time_s=float(data["time_s"]),
             pid=int(data["pid"]),
@@ -114,23 +109,8 @@ class MemorySnapshot:
             ),
             keras=KerasInfo(**data["keras"]),
             keras_backend=data.get("keras_backend"),
-            backends=backends,
+            backends=tuple(BackendInfo.from_dict(b) for b in data.get("backends", ())),
         )
-
-
-def _legacy_tensorflow(tf: Mapping[str, Any], graph: Mapping[str, Any]) -> BackendInfo:
-    """TensorFlow's entry rebuilt from a snapshot dict written before the backends list."""
-    devices = tuple(
-        BackendDevice(d["device"], d["current_bytes"], d["peak_bytes"], kind=d.get("kind", "gpu"))
-        for d in tf.get("devices", ())
-    )
-    caches = {k: int(graph[k]) for k in GRAPH_FIGURES if graph.get(k) is not None}
-    platform = None if not tf.get("initialized") else _platform(devices)
-    return BackendInfo("tensorflow", None, False, platform, devices, caches)
-
-
-def _platform(devices: tuple[BackendDevice, ...]) -> str:
-    return "gpu" if any(d.kind == "gpu" for d in devices) else "cpu"
 
 
 @dataclass(frozen=True)
@@ -172,9 +152,9 @@ class SnapshotDelta:
         return self.caches.get("tensorflow", {}).get("functions")
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a plain dict for JSON (with TensorFlow's changes also by their old names)."""
-        legacy = ("tf_current_bytes", *GRAPH_FIGURES)
-        return {**as_dict(self), **{name: getattr(self, name) for name in legacy}}
+        """Return a plain dict for JSON."""
+        data: dict[str, Any] = as_dict(self)
+        return data
 
 
 def _minus(after: int | None, before: int | None) -> int | None:

@@ -113,8 +113,8 @@ def test_snapshot_and_history_requests_echo_the_id(
     pushed = cells[-1]["cell"]
     assert pushed == json.loads(json.dumps(monitor.history()[-1].to_dict()))
     assert pushed["end"]["pid"] == os.getpid()
-    send(manager, {"protocol": 1, "type": "snapshot", "id": "s-1"})
-    send(manager, {"protocol": 1, "type": "history", "id": "h-1"})
+    send(manager, {"protocol": PROTOCOL, "type": "snapshot", "id": "s-1"})
+    send(manager, {"protocol": PROTOCOL, "type": "history", "id": "h-1"})
     snap, hist = sidebar.sent("reply")
     assert (snap["id"], snap["request"]) == ("s-1", "snapshot")
     assert snap["snapshot"]["pid"] == os.getpid()
@@ -141,19 +141,27 @@ def test_samples_are_pushed_and_throttled(shell: InteractiveShell, sidebar: Reco
 
 INVALID = [
     pytest.param("free_memory", None, id="not-an-object"),
-    pytest.param({"protocol": 1, "type": "exec", "id": "x"}, "x", id="unknown-type"),
-    pytest.param({"protocol": 1, "type": "hello", "id": "x"}, "x", id="hello-after-open"),
+    pytest.param({"protocol": PROTOCOL, "type": "exec", "id": "x"}, "x", id="unknown-type"),
+    pytest.param({"protocol": PROTOCOL, "type": "hello", "id": "x"}, "x", id="hello-after-open"),
     pytest.param(
-        {"protocol": 1, "type": "free_memory", "id": "x", "code": "import os"}, "x", id="extra"
+        {"protocol": PROTOCOL, "type": "free_memory", "id": "x", "code": "import os"},
+        "x",
+        id="extra",
     ),
-    pytest.param({"protocol": 2, "type": "free_memory", "id": "x"}, "x", id="future-protocol"),
-    pytest.param({"protocol": True, "type": "free_memory", "id": "x"}, "x", id="bool-protocol"),
-    pytest.param({"protocol": 1, "type": "free_memory"}, None, id="no-id"),
-    pytest.param({"protocol": 1, "type": "scan", "id": "x", "limit": 100}, "x", id="scan-extra"),
-    pytest.param({"protocol": 1, "type": "scan", "id": ""}, None, id="scan-empty-id"),
-    pytest.param({"protocol": 1, "type": "snapshot", "id": 7}, None, id="int-id"),
     pytest.param(
-        {"protocol": 1, "type": "snapshot", "id": "x" * (MAX_ID_CHARS + 1)}, None, id="long-id"
+        {"protocol": PROTOCOL + 1, "type": "free_memory", "id": "x"}, "x", id="future-protocol"
+    ),
+    pytest.param({"protocol": True, "type": "free_memory", "id": "x"}, "x", id="bool-protocol"),
+    pytest.param({"protocol": PROTOCOL, "type": "free_memory"}, None, id="no-id"),
+    pytest.param(
+        {"protocol": PROTOCOL, "type": "scan", "id": "x", "limit": 100}, "x", id="scan-extra"
+    ),
+    pytest.param({"protocol": PROTOCOL, "type": "scan", "id": ""}, None, id="scan-empty-id"),
+    pytest.param({"protocol": PROTOCOL, "type": "snapshot", "id": 7}, None, id="int-id"),
+    pytest.param(
+        {"protocol": PROTOCOL, "type": "snapshot", "id": "x" * (MAX_ID_CHARS + 1)},
+        None,
+        id="long-id",
     ),
 ]
 
@@ -184,7 +192,7 @@ def test_free_memory_drops_hidden_holders_and_keeps_named_models(
 ) -> None:
     run(kip, "kept = build()")
     run(kip, "build()")  # only Out[] holds this one
-    send(manager, {"protocol": 1, "type": "free_memory", "id": "f-1"})
+    send(manager, {"protocol": PROTOCOL, "type": "free_memory", "id": "f-1"})
     (reply,) = sidebar.sent("reply")
     assert (reply["id"], reply["request"]) == ("f-1", "free_memory")
     report = reply["report"]
@@ -203,7 +211,7 @@ def test_free_memory_from_another_thread_waits_for_the_main_thread(
     shell.kernel = SimpleNamespace(io_loop=loop)  # what ipykernel's shell has
     try:
         worker = threading.Thread(
-            target=send, args=(manager, {"protocol": 1, "type": "free_memory", "id": "t"})
+            target=send, args=(manager, {"protocol": PROTOCOL, "type": "free_memory", "id": "t"})
         )
         worker.start()
         worker.join()
@@ -243,11 +251,11 @@ def test_unload_closes_open_sidebars(
 
 BIG = "x" * 100_000
 OVERSIZED = [
-    pytest.param({"protocol": 1, "type": BIG, "id": "x"}, id="type"),
+    pytest.param({"protocol": PROTOCOL, "type": BIG, "id": "x"}, id="type"),
     pytest.param({"protocol": BIG, "type": "snapshot", "id": "x"}, id="protocol"),
-    pytest.param({"protocol": 1, "type": "snapshot", "id": "x", BIG: 1}, id="field-name"),
+    pytest.param({"protocol": PROTOCOL, "type": "snapshot", "id": "x", BIG: 1}, id="field-name"),
     pytest.param(
-        {"protocol": 1, "type": "snapshot", "id": "x", **{f"f{i}": 1 for i in range(9999)}},
+        {"protocol": PROTOCOL, "type": "snapshot", "id": "x", **{f"f{i}": 1 for i in range(9999)}},
         id="many-fields",
     ),
 ]
@@ -265,8 +273,8 @@ def test_errors_never_echo_more_than_a_few_hundred_characters(
 @pytest.mark.parametrize(
     "hello",
     [
-        pytest.param({"protocol": 1, "type": "hello", "id": "h"}, id="id"),
-        pytest.param({"protocol": 1, "type": "hello", "code": "import os"}, id="code"),
+        pytest.param({"protocol": PROTOCOL, "type": "hello", "id": "h"}, id="id"),
+        pytest.param({"protocol": PROTOCOL, "type": "hello", "code": "import os"}, id="code"),
     ],
 )
 def test_hello_with_unknown_fields_is_refused(
@@ -289,12 +297,12 @@ def test_a_failing_cleanup_gets_an_error_reply(shell: InteractiveShell, manager:
     manager.comm_open(None, "", {"content": content})  # type: ignore[arg-type]
     opened = manager.created[-1]
     try:
-        send(manager, {"protocol": 1, "type": "free_memory", "id": "f-1"}, comm_id="f")
+        send(manager, {"protocol": PROTOCOL, "type": "free_memory", "id": "f-1"}, comm_id="f")
         (error,) = opened.sent("error", "reply")
         assert error["type"] == "error" and error["id"] == "f-1"
         assert "RuntimeError: registry is gone" in error["error"]
         assert len(error["error"]) <= 500
-        send(manager, {"protocol": 1, "type": "free_memory", "id": "f-2"}, comm_id="f")
+        send(manager, {"protocol": PROTOCOL, "type": "free_memory", "id": "f-2"}, comm_id="f")
         assert [e["id"] for e in opened.sent("error")] == ["f-1", "f-2"]  # not stuck "freeing"
     finally:
         sidebar.close()
@@ -307,7 +315,7 @@ def test_after_a_free_the_pushed_figures_are_fresh_and_the_verdict_says_freed(
     run(kip, "build()")  # only Out[] holds this one
     assert sidebar.sent("cell")[-1]["cell"]["end"]["keras"]["live_models"] == 2
     assert sidebar.sent("cell")[-1]["verdict"]["freed_since"] is False
-    send(manager, {"protocol": 1, "type": "free_memory", "id": "f-1"})
+    send(manager, {"protocol": PROTOCOL, "type": "free_memory", "id": "f-1"})
     (reply,) = sidebar.sent("reply")
     assert reply["snapshot"]["keras"]["live_models"] == 1
     assert reply["before"]["keras"]["live_models"] == 2  # the free's own before/after
@@ -355,7 +363,7 @@ def test_history_records_carry_the_warning_their_cell_message_carried(
         run(shell, "keep.append(tf.ones((1024, 3 * 1024)))")
     run(shell, "y = 1")
     pushed = {c["cell"]["execution_count"]: c["warning"] for c in sidebar.sent("cell")}
-    send(manager, {"protocol": 1, "type": "history", "id": "h-2"})
+    send(manager, {"protocol": PROTOCOL, "type": "history", "id": "h-2"})
     (reply,) = [m for m in sidebar.sent("reply") if m["id"] == "h-2"]
     recorded = {r["execution_count"]: r["warning"] for r in reply["history"]}
     assert recorded == {n: pushed[n] for n in recorded} and any(recorded.values())
@@ -373,7 +381,7 @@ def test_scan_lists_each_model_with_its_holders_and_the_largest_data(
     run(kip, "build()")  # only Out[] (and _, _N) holds this one
     out = f"Out[{kip.execution_count - 1}]"
     names, out_cache = set(kip.user_ns), dict(kip.user_ns["Out"])
-    send(manager, {"protocol": 1, "type": "scan", "id": "s-1"})
+    send(manager, {"protocol": PROTOCOL, "type": "scan", "id": "s-1"})
     (reply,) = sidebar.sent("reply", "error")
     assert (reply["type"], reply["id"], reply["request"]) == ("reply", "s-1", "scan")
     hidden, named = _model(reply, out), _model(reply, "kept")
@@ -407,8 +415,8 @@ def test_a_failing_scan_gets_an_error_reply(shell: InteractiveShell, manager: Ma
         raise RuntimeError("gc is gone " + BIG)
 
     with own_sidebar(shell, manager, scan=broken) as opened:
-        send(manager, {"protocol": 1, "type": "scan", "id": "s-1"}, comm_id="own")
-        send(manager, {"protocol": 1, "type": "scan", "id": "s-2"}, comm_id="own")
+        send(manager, {"protocol": PROTOCOL, "type": "scan", "id": "s-1"}, comm_id="own")
+        send(manager, {"protocol": PROTOCOL, "type": "scan", "id": "s-2"}, comm_id="own")
         errors = opened.sent("error", "reply")
         assert [(e["type"], e["id"]) for e in errors] == [("error", "s-1"), ("error", "s-2")]
         assert "scan failed: RuntimeError: gc is gone" in errors[0]["error"]
@@ -441,7 +449,7 @@ def test_a_scan_during_a_running_cell_is_answered_after_it(
 
         def from_the_comms_thread() -> None:
             for rid in ("during-1", "during-2"):
-                request = {"protocol": 1, "type": "scan", "id": rid}
+                request = {"protocol": PROTOCOL, "type": "scan", "id": rid}
                 worker = threading.Thread(target=send, args=(manager, request, "own"))
                 worker.start()
                 worker.join()
@@ -476,12 +484,12 @@ def test_free_requests_sent_together_share_one_cleanup_and_each_gets_its_reply(
     with own_sidebar(shell, manager, cleanup=counted) as opened:
         ids = [f"free-{i}" for i in range(50)]
         for rid in ids:  # handled on the main thread, as the main shell handles comm messages
-            send(manager, {"protocol": 1, "type": "free_memory", "id": rid}, comm_id="own")
+            send(manager, {"protocol": PROTOCOL, "type": "free_memory", "id": rid}, comm_id="own")
         kernel_loop.run_sync(lambda: asyncio.sleep(GATHER_S + 0.2))
         replies = opened.sent("reply", "error")
         assert [(r["type"], r["id"]) for r in replies] == [("reply", rid) for rid in ids]
         assert runs == [True]  # one cleanup, on the main thread
         assert len({json.dumps(r["report"]) for r in replies}) == 1  # its result, shared
-        send(manager, {"protocol": 1, "type": "free_memory", "id": "later"}, comm_id="own")
+        send(manager, {"protocol": PROTOCOL, "type": "free_memory", "id": "later"}, comm_id="own")
         kernel_loop.run_sync(lambda: asyncio.sleep(GATHER_S + 0.2))
         assert opened.sent("reply")[-1]["id"] == "later" and runs == [True, True]  # a new run

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from conftest import real_kernel
 
+from kerasmagic.views.commproto import PROTOCOL
+
 pytestmark = pytest.mark.slow
 
 Message = dict[str, Any]
@@ -41,14 +43,14 @@ class Frontend:
         self.client.shell_channel.send(msg)
 
     def open(self) -> Message:
-        data = {"protocol": 1, "type": "hello"}
+        data = {"protocol": PROTOCOL, "type": "hello"}
         self._send(
             "comm_open", {"comm_id": self.comm_id, "target_name": "kerasmagic", "data": data}
         )
         return self.wait(lambda d: d["type"] == "state")[1]
 
     def request(self, kind: str, rid: str) -> None:
-        data = {"protocol": 1, "type": kind, "id": rid}
+        data = {"protocol": PROTOCOL, "type": kind, "id": rid}
         self._send("comm_msg", {"comm_id": self.comm_id, "data": data})
 
     def wait(

@@ -12,7 +12,7 @@ import pytest
 
 from kerasmagic.cells.parse import rebinding_in, rebound_names
 from kerasmagic.cells.reads import rebound_now
-from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
+from kerasmagic.snapshot import SCHEMA_VERSION, MemorySnapshot, diff, take_snapshot
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_a_failing_read_walk_keeps_the_names_it_had_not_decided(
 def test_snapshot_round_trips_through_json() -> None:
     snap = take_snapshot({})
     again = MemorySnapshot.from_dict(json.loads(snap.to_json()))
-    assert again == snap and snap.to_dict()["version"] == 1
+    assert again == snap and snap.to_dict()["version"] == SCHEMA_VERSION
 
 
 def test_diff() -> None:

@@ -22,6 +22,7 @@ from conftest import real_kernel
 from jupyter_client.manager import KernelManager
 
 from kerasmagic.interrupts import modes
+from kerasmagic.views.commproto import PROTOCOL
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +84,7 @@ OPEN = (  # the kernel's comm manager: the comm package's, or ipykernel 6.17's o
 def test_load_unload_cycles_leave_nothing_alive(tmp_path: Any) -> None:
     """Every widget comm (the live widget's parts, their Layouts and Styles) and every thread
     that loading started are gone after ``%unload_ext``: measured from before the first load."""
-    hello = {"protocol": 1, "type": "hello"}
+    hello = {"protocol": PROTOCOL, "type": "hello"}
     with real_kernel(str(tmp_path), load=False) as (_, client):
         run(client, "import keras, ipywidgets")
         before = value(client, OPEN)

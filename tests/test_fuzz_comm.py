@@ -27,13 +27,13 @@ from IPython.core.interactiveshell import InteractiveShell
 from jupyter_client.session import json_packer
 
 from kerasmagic.snapshot import take_snapshot
-from kerasmagic.views.comm import TARGET
+from kerasmagic.views.comm import PROTOCOL, TARGET
 
 SEED = 26_4
-HELLO = {"protocol": 1, "type": "hello"}
+HELLO = {"protocol": PROTOCOL, "type": "hello"}
 GOOD = [
-    {"protocol": 1, "type": "snapshot", "id": "s"},
-    {"protocol": 1, "type": "history", "id": "h"},
+    {"protocol": PROTOCOL, "type": "snapshot", "id": "s"},
+    {"protocol": PROTOCOL, "type": "history", "id": "h"},
 ]
 STRINGS = [
     *("", "x", "snapshot", "history", "hello", "exec", "id", "protocol", "type", "1"),
@@ -96,7 +96,7 @@ def valid(data: Any) -> bool:
         isinstance(data, dict)
         and set(data) == {"protocol", "type", "id"}
         and type(data["protocol"]) is int
-        and data["protocol"] == 1
+        and data["protocol"] == PROTOCOL
         and data["type"] in ("snapshot", "history")
         and isinstance(data["id"], str)
         and 0 < len(data["id"]) <= 64

@@ -91,7 +91,8 @@ def test_gpu_mem_shows_this_kernel(
     kip.run_line_magic("gpu_mem", "--json")
     data = json.loads(capsys.readouterr().out)
     assert data["gpu"]["status"] == "ok"
-    assert data["tf"]["devices"][0]["current_bytes"] >= 2**30
+    (tf,) = [b for b in data["backends"] if b["name"] == "tensorflow"]
+    assert tf["devices"][0]["in_use_bytes"] >= 2**30
     mine = data["gpu"]["devices"][0]["process_used_bytes"]
     assert mine is None or mine >= 2**30  # None: NVML lists host PIDs (containers)
 

@@ -7,13 +7,22 @@ import os
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from conftest import HAS_GPU, run
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
+from kerasmagic.snapshot import SCHEMA_VERSION
+
 pytestmark = pytest.mark.skipif(HAS_GPU, reason="these check the CPU-only answers")
+
+
+def tf_entry(data: dict[str, Any]) -> dict[str, Any]:
+    """Return TensorFlow's entry of a ``%gpu_mem --json`` snapshot's backends."""
+    (tf,) = [b for b in data["backends"] if b["name"] == "tensorflow"]
+    return tf
 
 
 def test_table_without_gpu(kip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
@@ -36,19 +45,19 @@ def test_cpu_allocator_is_read_to_the_byte(
     run(kip, "model = build()\nmodel.fit(x, y, verbose=0);")
     capsys.readouterr()
     kip.run_line_magic("gpu_mem", "--json")
-    (cpu,) = json.loads(capsys.readouterr().out)["tf"]["devices"]
-    assert cpu["device"] == "CPU:0" and cpu["kind"] == "cpu"
-    assert cpu["current_bytes"] == tf.config.experimental.get_memory_info("CPU:0")["current"]
-    before = cpu["current_bytes"]
+    (cpu,) = tf_entry(json.loads(capsys.readouterr().out))["devices"]
+    assert cpu["name"] == "CPU:0" and cpu["kind"] == "cpu"
+    assert cpu["in_use_bytes"] == tf.config.experimental.get_memory_info("CPU:0")["current"]
+    before = cpu["in_use_bytes"]
     run(kip, "big = tf.zeros((1000, 1000))")  # 4,000,000 bytes
     kip.run_line_magic("gpu_mem", "--json --reset-peak")
     out = capsys.readouterr().out
     assert "peak reset on CPU:0" in out
-    (cpu,) = json.loads(out[out.index("{") :])["tf"]["devices"]
+    (cpu,) = tf_entry(json.loads(out[out.index("{") :]))["devices"]
     # BFC counts the chunk it hands out: the request rounded up, and a free chunk it chose not
     # to split (up to twice the request), so the step is exact but not always 4,000,000.
-    assert 4_000_000 <= cpu["current_bytes"] - before <= 8_000_000
-    assert cpu["peak_bytes"] == cpu["current_bytes"]  # just reset
+    assert 4_000_000 <= cpu["in_use_bytes"] - before <= 8_000_000
+    assert cpu["peak_bytes"] == cpu["in_use_bytes"]  # just reset
 
 
 def test_cpu_without_allocator_statistics_says_so(tmp_path: pathlib.Path) -> None:
@@ -73,11 +82,13 @@ def test_json_is_the_snapshot(kip: InteractiveShell, capsys: pytest.CaptureFixtu
     capsys.readouterr()
     kip.run_line_magic("gpu_mem", "--json")
     data = json.loads(capsys.readouterr().out)
-    assert data["version"] == 1 and data["pid"] == os.getpid()
+    assert data["version"] == SCHEMA_VERSION and data["pid"] == os.getpid()
     assert data["ram"]["rss_bytes"] > 100 * 2**20
-    assert data["tf"]["imported"] and data["tf"]["initialized"]
-    assert [(d["device"], d["kind"]) for d in data["tf"]["devices"]] == [("CPU:0", "cpu")]
-    assert data["graph"]["custom_gradients"] >= 2 and data["graph"]["functions"] > 0
+    assert "tf" not in data and "graph" not in data, "TensorFlow's figures are sent once"
+    tf = tf_entry(data)
+    assert tf["platform"] == "cpu", "imported and started"
+    assert [(d["name"], d["kind"]) for d in tf["devices"]] == [("CPU:0", "cpu")]
+    assert tf["caches"]["custom_gradients"] >= 2 and tf["caches"]["functions"] > 0
     assert data["keras"]["live_models"] == 1 and data["keras"]["name_counter"] >= 3
 
 

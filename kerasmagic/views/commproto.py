@@ -9,7 +9,7 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-PROTOCOL = 1
+PROTOCOL = 2
 REQUESTS = ("snapshot", "history", "free_memory", "scan")
 HELLO_FIELDS = frozenset({"protocol", "type"})
 FIELDS = frozenset({"protocol", "type", "id"})

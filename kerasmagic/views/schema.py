@@ -14,8 +14,6 @@ import typing
 from typing import Any
 
 from kerasmagic.backends import BackendDevice, BackendInfo
-from kerasmagic.backends.tensorflow.alloc import TfDeviceMemory, TfInfo
-from kerasmagic.backends.tensorflow.graph import GraphInfo
 from kerasmagic.cleanup.holders import LiveModel
 from kerasmagic.cleanup.report import CleanupReport
 from kerasmagic.headline import Headline
@@ -24,7 +22,7 @@ from kerasmagic.live.record import CellRecord
 from kerasmagic.oom.facts import OomFacts
 from kerasmagic.probes import GpuDevice, GpuInfo, KerasInfo, RamInfo
 from kerasmagic.probes.variables import Variable
-from kerasmagic.snapshot import GRAPH_FIGURES, MemorySnapshot, SnapshotDelta
+from kerasmagic.snapshot import MemorySnapshot, SnapshotDelta
 
 # dataclass -> TypeScript interface, in the order the file declares them.
 WIRE: tuple[tuple[type, str], ...] = (
@@ -33,9 +31,6 @@ WIRE: tuple[tuple[type, str], ...] = (
     (GpuInfo, "IGpuInfo"),
     (BackendDevice, "IBackendDevice"),
     (BackendInfo, "IBackendInfo"),
-    (TfDeviceMemory, "ITfDeviceMemory"),
-    (TfInfo, "ITfInfo"),
-    (GraphInfo, "IGraphInfo"),
     (KerasInfo, "IKerasInfo"),
     (Headline, "IHeadline"),
     (MemorySnapshot, "ISnapshot"),
@@ -50,11 +45,8 @@ WIRE: tuple[tuple[type, str], ...] = (
 EXTRA: dict[type, dict[str, str]] = {
     MemorySnapshot: {
         "version": "number",
-        "tf": "ITfInfo",  # TensorFlow's entry of `backends`, for sidebars older than it
-        "graph": "IGraphInfo",
         "headline?": "IHeadline",  # the figure every view leads with (kerasmagic/headline.py)
     },
-    SnapshotDelta: {name: "number | null" for name in ("tf_current_bytes", *GRAPH_FIGURES)},
     CellRecord: {"warning?": "string | null"},  # added by the comm to history records
     LeakVerdict: {"freed_since?": "boolean"},  # added by the comm
 }

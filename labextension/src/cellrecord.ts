@@ -49,7 +49,7 @@ export function cellMemory(c: ICellRecord, warning: string | null): ICellMemory 
     peak_gpu_bytes: gpu === null ? null : Math.max(c.peak_gpu_bytes ?? 0, gpu),
     models_delta: c.delta.live_models ?? null,
     tf_bytes: tfBytes(c.end),
-    tf_delta_bytes: c.delta.tf_current_bytes ?? null,
+    tf_delta_bytes: c.delta.device_bytes.tensorflow ?? null,
     lead: leadOf(c.end).what,
     warning,
     oom: readOom(c.oom)

@@ -18,6 +18,7 @@ import {
   ICleanupReport,
   ILeakVerdict,
   IOomFacts,
+  IBackendInfo,
   ISnapshot,
   Push,
   TARGET,
@@ -76,10 +77,20 @@ const GONE: ReadonlyArray<Kernel.Status> = [
   'unknown'
 ];
 
+/** TensorFlow's entry of the snapshot's backends, or null when TensorFlow is not in use. */
+export function tensorflow(s: ISnapshot): IBackendInfo | null {
+  return s.backends.find(b => b.name === 'tensorflow') ?? null;
+}
+
+/** One of TensorFlow's cache sizes (`functions`, `custom_gradients`, ...), or null. */
+export function tfCache(s: ISnapshot, name: string): number | null {
+  return tensorflow(s)?.caches[name] ?? null;
+}
+
 /** Bytes of TensorFlow tensors over every device that keeps statistics, or null. */
 export function tfBytes(s: ISnapshot): number | null {
-  const devices = s.tf.devices;
-  return devices.length ? devices.reduce((n, d) => n + d.current_bytes, 0) : null;
+  const devices = tensorflow(s)?.devices ?? [];
+  return devices.length ? devices.reduce((n, d) => n + (d.in_use_bytes ?? 0), 0) : null;
 }
 
 export { gpuUsedBytes };
@@ -186,7 +197,7 @@ export class MemoryModel implements IDisposable {
   }
   /** Traced tf.functions at the last reading that counted them (cells skip the count), or null. */
   get functions(): number | null {
-    return this._snapshot?.graph.functions ?? this._functions;
+    return (this._snapshot ? tfCache(this._snapshot, 'functions') : null) ?? this._functions;
   }
   /** The last error the kernel or the connection reported, or ''. */
   get error(): string {
@@ -450,8 +461,9 @@ export class MemoryModel implements IDisposable {
     if (this._snapshot === null || snapshot.time_s >= this._snapshot.time_s) {
       this._snapshot = snapshot;
     }
-    if (snapshot.graph.functions !== null) {
-      this._functions = snapshot.graph.functions;
+    const functions = tfCache(snapshot, 'functions');
+    if (functions !== null) {
+      this._functions = functions;
     }
     this._lastUpdateMs = Date.now();
   }

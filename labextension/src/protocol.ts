@@ -7,7 +7,7 @@
 export const TARGET = 'kerasmagic';
 
 /** The protocol version this frontend speaks. */
-export const PROTOCOL = 1;
+export const PROTOCOL = 2;
 
 // The data types (snapshots, cell records, reports, scans) are generated from the Python
 // dataclasses into ./wire.ts; tests/test_protocol_schema.py keeps the two in step.
@@ -18,7 +18,6 @@ export type {
   ICleanupReport,
   IGpuDevice,
   IGpuInfo,
-  IGraphInfo,
   IKerasInfo,
   IOomFacts,
   ILeakVerdict,
@@ -26,8 +25,6 @@ export type {
   IRamInfo,
   ISnapshot,
   ISnapshotDelta,
-  ITfDeviceMemory,
-  ITfInfo,
   IVariable
 } from './wire';
 import type {
@@ -130,6 +127,15 @@ function isObject(value: unknown): value is { [key: string]: unknown } {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 
+function isBackend(value: unknown): boolean {
+  return (
+    isObject(value) &&
+    typeof value.name === 'string' &&
+    Array.isArray(value.devices) &&
+    isObject(value.caches)
+  );
+}
+
 /** Return whether `value` has the shape of a snapshot this frontend can show. */
 export function isSnapshot(value: unknown): value is ISnapshot {
   return (
@@ -139,8 +145,8 @@ export function isSnapshot(value: unknown): value is ISnapshot {
     typeof value.ram.rss_bytes === 'number' &&
     isObject(value.gpu) &&
     Array.isArray(value.gpu.devices) &&
-    isObject(value.tf) &&
-    isObject(value.graph) &&
+    Array.isArray(value.backends) &&
+    value.backends.every(isBackend) &&
     isObject(value.keras)
   );
 }

@@ -12,7 +12,7 @@ import { historyChart } from './chart';
 import { backendLabel, oomFigures, oomSummary } from './oom';
 import { droppedText } from './holders';
 import { figureOf, leadOf, shortName } from './lead';
-import { IFreeState, MemoryModel, tfBytes } from './model';
+import { IFreeState, MemoryModel, tensorflow, tfBytes, tfCache } from './model';
 import { NotebookModels } from './notebooks';
 import { ICleanupReport, IGpuDevice, ISnapshot } from './protocol';
 import { ScanSection } from './scanview';
@@ -86,11 +86,11 @@ function gpuGauge(d: IGpuDevice): HTMLElement {
 }
 
 function tfLines(s: ISnapshot): HTMLElement {
-  const tf = s.tf;
+  const tf = tensorflow(s);
   let text: string;
-  if (!tf.imported) {
+  if (tf === null) {
     text = 'TensorFlow not imported';
-  } else if (!tf.initialized) {
+  } else if (tf.platform === null) {
     text = 'TensorFlow runtime not started (no GPU memory taken)';
   } else if (tf.devices.length === 0) {
     text = 'no allocator statistics on these devices';
@@ -98,7 +98,7 @@ function tfLines(s: ISnapshot): HTMLElement {
     text = tf.devices
       .map(
         d =>
-          `${d.device}: ${formatBytes(d.current_bytes)} in use, peak ${formatBytes(d.peak_bytes)}`
+          `${d.name}: ${formatBytes(d.in_use_bytes ?? 0)} in use, peak ${formatBytes(d.peak_bytes ?? 0)}`
       )
       .join('; ');
   }
@@ -335,8 +335,8 @@ export class MemoryPanel extends Widget {
       tfLines(s),
       h('div', { class: 'jp-kerasmagic-facts' },
         fact('live-models', ...TILES.models, s.keras.live_models),
-        fact('graph-ops', ...TILES.graphOps, s.graph.default_graph_ops),
-        fact('custom-gradients', ...TILES.gradients, s.graph.custom_gradients),
+        fact('graph-ops', ...TILES.graphOps, tfCache(s, 'default_graph_ops')),
+        fact('custom-gradients', ...TILES.gradients, tfCache(s, 'custom_gradients')),
         fact('functions', ...TILES.functions, m.functions)),
       historyChart(m.history, m.running, leadOf(s).what),
       leakBanner(m)

@@ -50,28 +50,6 @@ export interface IBackendInfo {
   notes: string[];
 }
 
-/** `kerasmagic.backends.tensorflow.alloc.TfDeviceMemory` on the wire. */
-export interface ITfDeviceMemory {
-  device: string;
-  current_bytes: number;
-  peak_bytes: number;
-  kind: string;
-}
-
-/** `kerasmagic.backends.tensorflow.alloc.TfInfo` on the wire. */
-export interface ITfInfo {
-  imported: boolean;
-  initialized: boolean;
-  devices: ITfDeviceMemory[];
-}
-
-/** `kerasmagic.backends.tensorflow.graph.GraphInfo` on the wire. */
-export interface IGraphInfo {
-  default_graph_ops: number | null;
-  custom_gradients: number | null;
-  functions: number | null;
-}
-
 /** `kerasmagic.probes.keras_state.KerasInfo` on the wire. */
 export interface IKerasInfo {
   imported: boolean;
@@ -99,8 +77,6 @@ export interface ISnapshot {
   keras_backend: string | null;
   backends: IBackendInfo[];
   version: number;
-  tf: ITfInfo;
-  graph: IGraphInfo;
   headline?: IHeadline;
 }
 
@@ -115,10 +91,6 @@ export interface ISnapshotDelta {
   backend_caches: { [key: string]: number };
   device_bytes: { [key: string]: number };
   caches: { [key: string]: { [key: string]: number } };
-  tf_current_bytes: number | null;
-  default_graph_ops: number | null;
-  custom_gradients: number | null;
-  functions: number | null;
 }
 
 /** `kerasmagic.oom.facts.OomFacts` on the wire. */
