@@ -22,7 +22,7 @@ from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 
 from kerasmagic.cleanup import last_report
-from kerasmagic.cleanup.report import CleanupReport
+from kerasmagic.cleanup.report import CleanupReport, report_text
 from kerasmagic.live import get_monitor
 from kerasmagic.units import signed_bytes
 from kerasmagic.views.render import no_stats
@@ -61,6 +61,16 @@ def test_ram_freed_with_nothing_dropped_is_explained() -> None:
     )
 
 
+def test_a_cell_that_gives_ram_back_is_not_said_to_take_a_negative_amount() -> None:
+    """"the cell then took -1004.0 KB" read wrong: a cell whose code ends below where the
+    cleanup left RSS gave memory back; the net stays signed, as the badge shows it."""
+    before = 100 * KB * KB
+    gave = report_text(report(), before, None, before - 1004 * KB)
+    assert gave.endswith("; the cell then gave back 1004.0 KB of RAM"), gave
+    took = report_text(report(), before, None, before + 2 * KB * KB)
+    assert took.endswith("; the cell then took +2.0 MB of RAM"), took
+
+
 def test_the_report_line_and_the_cells_record_say_the_same_net(
     kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -75,7 +85,7 @@ def test_the_report_line_and_the_cells_record_say_the_same_net(
         record = monitor.history()[-1]
         net = signed_bytes(record.delta.rss_bytes)
         assert line.endswith(f", {net} for the whole cell"), (line, net)
-        took = re.search(r"the cell then took ([+-][\d.]+ \w+) of RAM", line)
+        took = re.search(r"the cell then (took \+|gave back )[\d.]+ \w+ of RAM", line)
         assert took is not None, line
 
 

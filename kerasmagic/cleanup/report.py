@@ -68,12 +68,14 @@ def report_text(report: CleanupReport, after_cleanup_rss: int, record: Any, now:
     badge under it, the sidebar's chart): freed and took, measured apart, add up to it. Without
     a record (its snapshot failed) what the cell took is read from ``now``, RSS at the end."""
     if record is None:
-        return (
-            f"{report.summary()}; the cell then took {signed_bytes(now - after_cleanup_rss)} of RAM"
-        )
+        return f"{report.summary()}; {_cell_then(now - after_cleanup_rss)} of RAM"
     took = record.end.ram.rss_bytes - after_cleanup_rss
     net = record.delta.rss_bytes
-    return (
-        f"{report.summary()}; the cell then took {signed_bytes(took)} of RAM, "
-        f"{signed_bytes(net)} for the whole cell"
-    )
+    return f"{report.summary()}; {_cell_then(took)} of RAM, {signed_bytes(net)} for the whole cell"
+
+
+def _cell_then(took: int) -> str:
+    """What the cell's own code did to RSS after the cleanup: took +X, or gave X back."""
+    if took < 0:
+        return f"the cell then gave back {fmt_bytes(-took)}"
+    return f"the cell then took {signed_bytes(took)}"
