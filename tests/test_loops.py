@@ -32,8 +32,9 @@ def test_a_plain_kfold_loop_stays_flat(kip: InteractiveShell) -> None:
     run(kip, BIG)
     run(kip, LOOP)
     after, one_model = kip.user_ns["after"], kip.ev("model_size_bytes(model)")
-    # Flat: a fold may leave a batch's worth more or less (TF's buffers), never a model more.
-    assert abs(after[6] - after[4]) <= one_model / 4, after
+    # Flat: a fold may leave a few MB more or less (the shuffled copies of x that Keras's input
+    # pipeline has in flight when fit returns depend on timing), never a model more.
+    assert abs(after[6] - after[4]) <= one_model / 2, after
     assert after[6] - after[0] <= 2.5 * one_model, after  # the first, the last two: no more
     thawed = not Freezer.frozen and gc.get_freeze_count() <= STARTUP_FROZEN
     assert thawed  # the cell's end thawed them
