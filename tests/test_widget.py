@@ -61,6 +61,24 @@ def test_tensorflow_tensors_are_shown_beside_rss_without_a_gpu(
     widget.close()
 
 
+def test_figures_not_read_are_left_out_not_shown_as_n_a(
+    ip: InteractiveShell, monitor: LiveMonitor
+) -> None:
+    run(ip, "import keras\nm = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])")
+    widget = LiveWidget(monitor)
+    run(ip, "x = 1")
+    shown = widget.part("figures")
+    assert "n/a" not in shown and f"models: {widget.live_models} live, name counter" in shown
+    assert widget.live_models >= 1 and f"{widget.custom_gradients} custom gradients" in shown
+    # Before TensorFlow and Keras are imported there is nothing to count: said so, once each.
+    widget.graph_functions = widget.custom_gradients = None
+    widget.live_models = widget.name_counter = None
+    shown = widget._figures_html()
+    assert "graph: TensorFlow not imported" in shown and "Keras not imported" in shown
+    assert "n/a" not in shown
+    widget.close()
+
+
 def test_samples_update_the_widget_between_cells(
     ip: InteractiveShell, monitor: LiveMonitor
 ) -> None:

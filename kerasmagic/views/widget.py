@@ -213,25 +213,24 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
         return rss + _tagged("vram", self.gpu_used_bytes, vram)
 
     def _figures_html(self) -> str:
-        def opt(value: int | None) -> str:
-            return "n/a" if value is None else str(value)
-
+        """The graph and Keras figures this snapshot has: one not read is left out, not
+        shown as ``n/a`` (before TensorFlow or Keras is imported there is nothing to count)."""
+        if self.backend in ("", "tensorflow"):
+            graph = _known(
+                (self.graph_functions, "{} functions"),
+                (self.custom_gradients, "{} custom gradients"),
+            )
+            graph = f"graph: {graph}" if graph else "graph: TensorFlow not imported"
+        else:
+            graph = html.escape(self.backend_figures)
+        models = _known((self.live_models, "{} live"), (self.name_counter, "name counter {}"))
+        models = f"models: {models}" if models else "Keras not imported"
         delta = (
             "no cell yet"
             if self.last_cell is None
             else f"cell [{self.last_cell}] RSS {signed_bytes(self.last_delta_bytes)}"
         )
-        graph = (
-            f"graph: {opt(self.graph_functions)} functions, "
-            f"{opt(self.custom_gradients)} custom gradients"
-            if self.backend in ("", "tensorflow")
-            else html.escape(self.backend_figures)
-        )
-        return (
-            f"<div>{graph} &middot; models: "
-            f"{opt(self.live_models)} live, name counter {opt(self.name_counter)} &middot; "
-            f"last: {html.escape(delta)}</div>"
-        )
+        return f"<div>{graph} &middot; {models} &middot; last: {html.escape(delta)}</div>"
 
     def _alert_html(self) -> str:
         if not self.growing:
@@ -250,6 +249,11 @@ def _close_parts(widget: widgets.Widget) -> None:
     for part in (getattr(widget, "layout", None), getattr(widget, "style", None)):
         if isinstance(part, widgets.Widget):
             part.close()
+
+
+def _known(*figures: tuple[int | None, str]) -> str:
+    """Join the figures that were read (``"3 live, name counter 12"``), skipping None."""
+    return ", ".join(text.format(value) for value, text in figures if value is not None)
 
 
 def _tagged(key: str, value: int, inner: str) -> str:
