@@ -62,7 +62,7 @@ def test_ram_freed_with_nothing_dropped_is_explained() -> None:
 
 
 def test_a_cell_that_gives_ram_back_is_not_said_to_take_a_negative_amount() -> None:
-    """"the cell then took -1004.0 KB" read wrong: a cell whose code ends below where the
+    """ "the cell then took -1004.0 KB" read wrong: a cell whose code ends below where the
     cleanup left RSS gave memory back; the net stays signed, as the badge shows it."""
     before = 100 * KB * KB
     gave = report_text(report(), before, None, before - 1004 * KB)
