@@ -7,6 +7,7 @@ import os
 import queue
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,13 @@ import faultcounts
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from jupyter_client.manager import KernelManager
+
+
+# Started in the background without job control (``nohup cmd &`` in a script), this process
+# inherits SIGINT ignored: Python then installs no Ctrl-C handler, and neither do the kernels and
+# children the tests start, so every Ctrl-C test would see nothing happen. Ctrl-C as a user has it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _has_gpu() -> bool:
