@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,9 @@ def classic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             pytest.fail(why)
         pytest.skip(why)
     require(missing())
+    found = subprocess.run([python, "-c", "import kerasmagic"], capture_output=True, cwd="/")
+    if found.returncode != 0:  # else each cell would fail in the page, seen only as a timeout
+        pytest.fail(f"kerasmagic is not importable by {python} (install it or set PYTHONPATH)")
     with serve(tmp_path_factory.mktemp("classic"), "classic", python) as server:
         yield server
 
