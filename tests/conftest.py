@@ -23,7 +23,6 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from jupyter_client.manager import KernelManager
 
-
 # Started in the background without job control (``nohup cmd &`` in a script), this process
 # inherits SIGINT ignored: Python then installs no Ctrl-C handler, and neither do the kernels and
 # children the tests start, so every Ctrl-C test would see nothing happen. Ctrl-C as a user has it.
