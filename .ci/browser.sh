@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 start=$(date +%s)
 # Everything this run writes (listing, screenshots, pytest's temp dirs with the Jupyter
 # servers' config, runtime and notebooks) goes under one private folder of its own.
-work=$(mktemp -d "${TMPDIR:-/tmp}/kerasmagic-browser.XXXXXXXX")
+work=$(mktemp -d "${TMPDIR:-/tmp}/km-browser.XXXXXXXX")  # no "kerasmagic": see .ci/run
 echo "browser CI files: $work"
 
 if ! [ -x /usr/bin/chromium ]; then
