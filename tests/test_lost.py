@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from kerasmagic.interrupts.lost import RaiseInFrame
+from kerasmagic.interrupts.lost import raise_lost
 
 
 class _LosesOne:
     """A finalizer that lost a Ctrl-C: the frame that dropped the last reference gets it."""
 
     def __del__(self) -> None:
-        RaiseInFrame(sys._getframe(1))
+        raise_lost(sys._getframe(1))
 
 
 def _runs_on(log: list[str]) -> None:
@@ -115,3 +115,40 @@ def test_a_lost_ctrl_c_in_a_generator_stops_its_consumer_and_the_generator_exits
             log.append(value)
     assert log == ["enter", 1, "exit"]
     assert sys.gettrace() is None
+
+
+_LIBRARY = """
+def swallows(log, make):
+    try:
+        lost = make()
+        del lost  # the finalizer loses the Ctrl-C here
+        log.append("after the call")  # raised once this call returns
+    except:  # a library's bare except drops it, as TensorFlow's DType.max does
+        log.append("caught")
+    log.append("went on")  # raised again once this call returns
+    log.append("never")
+    return "done"
+"""
+
+
+def test_a_lost_ctrl_c_dropped_again_by_a_librarys_bare_except_is_raised_again() -> None:
+    """The frame that lost it is followed as the kernel guard follows one: a bare ``except:``
+    in library code (a file outside the user's, here ``<library>``) cannot drop it."""
+    scope: dict[str, Any] = {}
+    exec(compile(_LIBRARY, "<library>", "exec"), scope)
+    log: list[object] = []
+    with pytest.raises(KeyboardInterrupt):
+        scope["swallows"](log, _LosesOne)
+    assert log == ["after the call", "caught", "went on"]
+    assert sys.gettrace() is None and sys.getprofile() is None
+
+
+def test_every_lost_ctrl_c_of_a_session_is_raised_at_its_point() -> None:
+    """The second follow in one process gets its opcode events too (Python 3.12 gave them only
+    to the first until tracing was switched off and on: ``delivery.want_opcodes``)."""
+    for _ in range(3):
+        log: list[str] = []
+        with pytest.raises(KeyboardInterrupt):
+            _runs_on(log)
+        assert log == ["after the call"]
+    assert sys.gettrace() is None and sys.getprofile() is None

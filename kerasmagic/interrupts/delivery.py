@@ -138,7 +138,11 @@ class Pending:
 
 def want_opcodes(frame: FrameType, tracer: object) -> None:
     """Have ``frame`` report each instruction to its trace function. On 3.12 that takes effect
-    only when tracing is set afterwards (CPython gh-103615), so ``tracer`` is set again."""
+    only when tracing is switched on afterwards (CPython gh-103615), and setting the tracer
+    again changes nothing once the interpreter's events are on (a second follow in the same
+    process saw no opcode events), so ``tracer`` is switched off and on. ``==``: a bound
+    method is a new object each time it is read."""
     frame.f_trace_opcodes = True
-    if sys.version_info[:2] == (3, 12) and sys.gettrace() is tracer:
+    if sys.version_info[:2] == (3, 12) and sys.gettrace() == tracer:
+        sys.settrace(None)
         sys.settrace(tracer)  # type: ignore[arg-type]

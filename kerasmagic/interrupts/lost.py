@@ -5,11 +5,12 @@ one; TensorFlow and Keras keep weakref callbacks) cannot propagate: Python hands
 ``sys.unraisablehook``, which prints "Exception ignored" and drops it, and the cell runs on to
 its end. While the extension is loaded, kerasmagic's hook raises it again in the code that was
 interrupted: the frame that was running when the callback started gets ``KeyboardInterrupt``
-where Python would have raised a Ctrl-C that had not met a callback (``delivery.py``), through
-a one-shot trace function on that frame alone (``sys.settrace``): never where Python itself does
-not, such as between a ``with`` block's end and its ``__exit__``. When the kernel guard is following
-that interrupt (``swallowed.py``), it raises it there itself and goes on following it: a
-library's bare ``except:`` around the code cannot drop it then. Callbacks still to run in the
+where Python would have raised a Ctrl-C that had not met a callback (``delivery.py``): never
+where Python itself does not, such as between a ``with`` block's end and its ``__exit__``. The
+one engine that follows a Ctrl-C (``swallowed.InterruptWatch``) raises it there and follows it
+out of that frame, so a library's bare ``except:`` around the code cannot drop it again; when the
+kernel guard is already following that interrupt, its watch does so over all the cell's frames.
+Callbacks still to run in the
 same collection are left alone (their frames are new ones, not traced). Re-arming the signal
 instead would raise inside this hook, or inside the next callback, and be lost again.
 
@@ -24,73 +25,17 @@ import threading
 from types import FrameType
 from typing import Any
 
-from kerasmagic.interrupts.delivery import Pending, want_opcodes, yielding
 from kerasmagic.interrupts.ownframes import shown_plain
 from kerasmagic.interrupts.pyversions import frames_checked
-from kerasmagic.interrupts.swallowed import following
+from kerasmagic.interrupts.swallowed import InterruptWatch, following
 from kerasmagic.shellstate import ShellState
 
 
-class RaiseInFrame:
-    """Raise ``KeyboardInterrupt`` in ``frame`` once, where Python would raise a Ctrl-C next
-    (``delivery.py``): at a loop's jump back, after a call returns, at the start of a Python
-    function it calls, or as it returns; a generator that yields hands it to its consumer.
-
-    Only ``frame`` is traced: frames that start meanwhile (callbacks still to run in the same
-    instruction) are not. Each frame's own trace settings are put back first, so a debugger
-    used later in it still works.
-    """
-
-    def __init__(self, frame: FrameType) -> None:
-        self._frame: FrameType | None = None
-        self._follow(frame)
-        sys.settrace(self._new_frame)  # tracing on: the frame's own f_trace is called
-
-    def _follow(self, frame: FrameType) -> None:
-        self._frame, self._pending = frame, Pending.at(frame)
-        self._saved = (frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes)
-        frame.f_trace_lines = False
-        frame.f_trace = self._local
-        want_opcodes(frame, self._new_frame)
-
-    def _let_go(self) -> None:
-        frame, self._frame = self._frame, None
-        if frame is not None:
-            frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes = self._saved
-
-    def _new_frame(self, frame: FrameType, event: str, arg: object) -> Any:
-        __tracebackhide__ = True
-        target = self._frame
-        if target is None:
-            return None
-        if frame is target:
-            return self._local  # a generator resumed: its events are still wanted
-        if frame.f_back is target and self._pending.due_in_callee(target):
-            self._raise()  # a call into Python code: its start, as Python's own check
-        return None  # other frames are not traced
-
-    def _local(self, frame: FrameType, event: str, arg: object) -> Any:
-        __tracebackhide__ = True  # read by IPython's traceback formatter
-        if frame is not self._frame:
-            return None
-        if event == "opcode":
-            if self._pending.due(frame):
-                self._raise()
-        elif event == "return" and yielding(frame) and frame.f_back is not None:
-            own = self._saved[0]
-            self._let_go()  # a generator yielding: its consumer takes it on
-            self._follow(frame.f_back)
-            return own  # what CPython keeps as the generator's trace function
-        elif event == "return":
-            self._raise()  # returning: the caller gets it, as after its call returned
-        return self._local
-
-    def _raise(self) -> None:
-        __tracebackhide__ = True
-        if sys.gettrace() == self._new_frame:  # a debugger set since keeps its tracer
-            sys.settrace(None)
-        self._let_go()
-        raise shown_plain(KeyboardInterrupt())
+def raise_lost(frame: FrameType) -> None:
+    """Raise ``KeyboardInterrupt`` in ``frame`` where Python would raise a Ctrl-C next
+    (``delivery.py``), and follow it out of ``frame`` (``swallowed.InterruptWatch``): a bare
+    ``except:`` there cannot drop it again; a generator that yields hands it to its consumer."""
+    InterruptWatch(set()).arm_lost(frame, shown_plain(KeyboardInterrupt()))
 
 
 def interrupted_frame(unraisable: Any) -> FrameType | None:
@@ -130,7 +75,7 @@ class RedeliverInterrupts:
                 interrupted = sys._getframe(1)  # lost in C code: the Python code running it
             if interrupted is not None:
                 self.redelivered += 1
-                RaiseInFrame(interrupted)
+                raise_lost(interrupted)
                 return
         self.previous(unraisable)
 

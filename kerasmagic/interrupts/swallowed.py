@@ -72,6 +72,7 @@ class InterruptWatch:
         self._profiled = False  # the profile function that revives tracing is in place
         self._raised_at: tuple[FrameType, int] | None = None  # where it was last raised again
         self._outermost: FrameType | None = None
+        self._once = False  # a lost Ctrl-C in the user's own frame: raised, then let go
         self.raised_again = 0
 
     def arm(self, frame: FrameType | None, error: BaseException) -> None:
@@ -83,19 +84,35 @@ class InterruptWatch:
             frame = frame.f_back
         if frame is None or not frames or sys.gettrace() is not None or not self._enabled:
             return  # not inside a cell, a debugger traces, or off: raise as Python does
+        self._start(error, frames)
+
+    def arm_lost(self, frame: FrameType, error: BaseException) -> bool:
+        """Raise ``error``, a Ctrl-C that a finalizer or gc callback set off by ``frame`` lost
+        (no watch was following it), in ``frame`` where Python would deliver one next, and
+        follow it out of ``frame`` as ``arm`` does; return False (nothing done) if a debugger
+        traces or this watch is off."""
+        self.disarm()
+        if sys.gettrace() is not None or not self._enabled:
+            return False
+        self._start(error, [frame])
+        self._once = not is_library(frame.f_code)  # what the user's code does with it is theirs
+        self._pend(frame, starts=True)
+        return True
+
+    def _start(self, error: BaseException, frames: list[FrameType]) -> None:
+        """Trace ``frames`` (innermost first) for ``error`` up to the last of them."""
         self._error, self._outermost, self.raised_again = error, frames[-1], 0
         for watched in frames:
-            self._watched[watched] = (
-                watched.f_trace,
-                watched.f_trace_lines,
-                watched.f_trace_opcodes,
-            )
-            watched.f_trace_lines, watched.f_trace_opcodes = True, False
-            watched.f_trace = self._local
+            self._watch(watched)
         sys.settrace(self._new_frame)  # tracing on: the watched frames' own f_trace is called
         self._profiled = sys.getprofile() is None  # else a profiler's: leave it alone
         if self._profiled:
             sys.setprofile(self._revive)
+
+    def _watch(self, frame: FrameType) -> None:
+        self._watched[frame] = (frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes)
+        frame.f_trace_lines, frame.f_trace_opcodes = True, False
+        frame.f_trace = self._local
 
     def disarm(self) -> None:
         """Stop following: frames get their trace settings back, the tracer goes."""
@@ -112,7 +129,7 @@ class InterruptWatch:
         self._deliberate.clear()
         self._pending.clear()
         self._error = self._outermost = self._raised_at = None
-        self._profiled = False
+        self._profiled = self._once = False
 
     def redeliver(self, frame: FrameType | None) -> bool:
         """Raise the interrupt in ``frame`` where Python would deliver a Ctrl-C next, still
@@ -203,6 +220,8 @@ class InterruptWatch:
                     self._deliberate.add(frame)
             elif opcode(frame) != _HANDLER_ENTRY:  # else entering a handler, still raised
                 self._went_on_without_it(frame)
+        elif event == "return" and frame in self._pending and yielding(frame):
+            return self._hand_over(frame)
         elif event == "return":
             op = opcode(frame)
             unwinding = self._raised_at == (frame, frame.f_lasti)  # raised again at its return
@@ -214,6 +233,28 @@ class InterruptWatch:
             elif not yielding(frame):  # unwinding (a yield leaves it as it is)
                 self._forget(frame)
         return self._local
+
+    def _hand_over(self, generator: FrameType) -> Any:
+        """A generator yields with the interrupt still pending in it (no point on its way to
+        the ``yield`` where Python raises one): its consumer takes it on, as Python would raise
+        it there after the generator's resumption returned. Return the generator's own trace
+        function, which CPython keeps as the suspended frame's."""
+        consumer = generator.f_back
+        own = self._watched.pop(generator)
+        self._pending.pop(generator, None)
+        self._handling.discard(generator)
+        self._deliberate.discard(generator)
+        generator.f_trace, generator.f_trace_lines, generator.f_trace_opcodes = own
+        if consumer is None:
+            self.disarm()
+            return own[0]
+        if consumer not in self._watched:
+            self._watch(consumer)
+        if self._outermost is generator:
+            self._outermost = consumer
+        self._once = self._once and not is_library(consumer.f_code)
+        self._pend(consumer, starts=True)
+        return own[0]
 
     def _stays(self, frame: FrameType) -> bool:
         """Return whether the interrupt must go on from ``frame`` (not the user's own catch)."""
@@ -254,6 +295,9 @@ class InterruptWatch:
         if error is None or self.raised_again > MAX_RAISES:
             self.disarm()
             return
+        if self._once:
+            self.disarm()  # nothing of a library's left to drop it: untraced from here
+            raise error
         self._handling.clear()
         self._pending.clear()
         raise error  # CPython switches tracing off: _revive switches it on again
