@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import Any
 
-from kerasmagic.backends.tensorflow import stack as tfstack
+from kerasmagic import backends
 from kerasmagic.cells.runner import RUNNERS
 from kerasmagic.compat import notes_at_load, say_once, unwatch, watch
 from kerasmagic.native.heap import pin_mmap_threshold
@@ -50,12 +50,9 @@ def load(shell: Any) -> None:
     except BaseException:
         _unload(state)  # never half loaded: a retry starts from nothing
         raise
-    for runner in (*RUNNERS, getattr(type(shell), "run_code", None)):
-        code = getattr(runner, "__code__", None)
-        if code is not None:
-            tfstack.stop_at(code)  # op stack traces end at the cell, not the kernel above it
-    if magics.patch_stack_traces and "tensorflow" in sys.modules:
-        tfstack.install()
+    runners = (*RUNNERS, getattr(type(shell), "run_code", None))
+    cells = [code for code in (getattr(r, "__code__", None) for r in runners) if code is not None]
+    backends.attach(cells, magics.patch_stack_traces)  # op traces end at the cell's frames
     said = pin_mmap_threshold(magics.mmap_threshold_mb)  # big freed blocks go back to the OS
     if "refused" in said:
         log.warning("kerasmagic: %s", said)
@@ -89,7 +86,7 @@ def _unload(state: ShellState) -> None:
     forget(shell)
     if not any_loaded():
         unwatch()
-        tfstack.uninstall()
+        backends.detach()
         if "kerasmagic.probes.nvml" in sys.modules:  # never imported: nothing to stop
             sys.modules["kerasmagic.probes.nvml"].stop()
 

@@ -16,9 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kerasmagic.backends import BackendInfo, keras_backend, read_active
-from kerasmagic.backends.tensorflow import info as tensorflow_info
-from kerasmagic.backends.tensorflow.alloc import TfDeviceMemory, TfInfo, read_tf
-from kerasmagic.backends.tensorflow.graph import GraphInfo, read_graph
 from kerasmagic.headline import Headline, headline
 from kerasmagic.plain import as_dict
 from kerasmagic.probes import (
@@ -32,7 +29,6 @@ from kerasmagic.probes import (
 )
 
 SCHEMA_VERSION = 2  # 2: TensorFlow's figures only in `backends`
-GRAPH_FIGURES = ("default_graph_ops", "custom_gradients", "functions")  # TF's caches
 
 
 @dataclass(frozen=True)
@@ -57,24 +53,11 @@ class MemorySnapshot:
         mine = [b for b in self.backends if b.keras] or list(self.backends)
         return mine[0] if mine else None
 
-    @property
-    def tf(self) -> TfInfo:
-        """Return TensorFlow's allocator figures (a view of its ``backends`` entry)."""
-        entry = self.backend_named("tensorflow")
-        if entry is None:
-            return TfInfo(imported=False, initialized=False, devices=())
-        devices = tuple(
-            TfDeviceMemory(d.name, d.in_use_bytes or 0, d.peak_bytes or 0, d.kind or "gpu")
-            for d in entry.devices
-        )
-        return TfInfo(imported=True, initialized=entry.platform is not None, devices=devices)
-
-    @property
-    def graph(self) -> GraphInfo:
-        """Return TensorFlow's graph figures (a view of its ``backends`` entry's caches)."""
-        entry = self.backend_named("tensorflow")
-        caches = entry.caches if entry is not None else {}
-        return GraphInfo(*(caches.get(name) for name in GRAPH_FIGURES))
+    def cache(self, backend: str, name: str) -> int | None:
+        """Return the size of the cache ``name`` of ``backend`` (TensorFlow's
+        ``default_graph_ops``, ``custom_gradients``, ``functions``), if it was read."""
+        entry = self.backend_named(backend)
+        return None if entry is None else entry.caches.get(name)
 
     @property
     def gpu_used_bytes(self) -> int | None:
@@ -196,7 +179,6 @@ def take_snapshot(
     namespace: Mapping[str, Any] | None = None, *, functions: bool = True
 ) -> MemorySnapshot:
     """Read every probe once; ``namespace`` lets Keras models be counted."""
-    tf, graph = read_tf(), read_graph(functions=functions)
     return MemorySnapshot(
         time_s=time.time(),
         pid=os.getpid(),
@@ -204,5 +186,5 @@ def take_snapshot(
         gpu=read_gpus(),
         keras=read_keras(namespace),
         keras_backend=keras_backend(),
-        backends=read_active({"tensorflow": tensorflow_info(tf, graph)}),
+        backends=read_active(light=not functions),
     )

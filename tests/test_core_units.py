@@ -200,7 +200,7 @@ def test_as_dict_returns_what_dataclasses_asdict_returns() -> None:
     tree = Tree([Leaf(1, "a")], (Leaf(2, None), 3), {"x": Leaf(4, "b", 1e300)}, {"t"})
     snap = take_snapshot()
     delta = diff(snap, take_snapshot())
-    for obj in (tree, snap, snap.tf, snap.graph, delta):
+    for obj in (tree, snap, *snap.backends, delta):
         assert as_dict(obj) == dataclasses.asdict(obj)
     copied = as_dict(tree)
     assert copied["tags"] is not tree.tags and copied["leaves"] is not tree.leaves

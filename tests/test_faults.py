@@ -21,14 +21,15 @@ from conftest import kernel_value as value
 from conftest import real_kernel
 from jupyter_client.manager import KernelManager
 
-from kerasmagic.interrupts import modes
+from kerasmagic.backends import tensorflow as tf_backend
+from kerasmagic.backends import torch as torch_backend
 from kerasmagic.views.commproto import PROTOCOL
 
 pytestmark = pytest.mark.slow
 
 # The line saying TF's stale context switches were dropped, whatever their number.
 SWITCHES_RESTORED = (
-    re.escape(modes.RESTORED_SWITCHES)
+    re.escape(tf_backend.RESTORED_SWITCHES)
     .replace(r"\{n\}", r"\d+")
     .replace(r"entr\{ies\}", "entr(?:y|ies)")
 )
@@ -129,7 +130,7 @@ def interrupt_fits(km: KernelManager, client: Any, window: tuple[float, float]) 
             in_tf = "returned a result with an exception set" in text or "SystemError" in text
             assert in_tf and "keras/src" in text and "kerasmagic/" not in text, text
         # PyTorch's gradients or TensorFlow's eager mode turned back on: news, not noise
-        said = text.replace(modes.RESTORED, "").replace(modes.RESTORED_EAGER, "")
+        said = text.replace(torch_backend.RESTORED, "").replace(tf_backend.RESTORED_EAGER, "")
         said = re.sub(SWITCHES_RESTORED, "", said)
         noisy += "Error in callback" in said or "kerasmagic:" in said
         if content["status"] == "ok" or any(m in text for m in KERASMAGIC_ERRORS[:3]):

@@ -14,9 +14,10 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import CodeType
 from typing import Any, TypeVar
 
 NAMES = ("tensorflow", "jax", "torch")
@@ -73,7 +74,40 @@ def _nothing() -> list[str]:
     return []
 
 
+def _no_figure() -> int | None:
+    return None
+
+
+def _no_traces(
+    namespace: Mapping[str, Any], stale: Sequence[Any], roots: Sequence[Any]
+) -> list[str]:
+    return []
+
+
+def _no_graphs(model: Any) -> tuple[int | None, int | None]:
+    return None, None
+
+
+def _no_stack(stop_at: Sequence[CodeType], patch: bool) -> str | None:
+    return None
+
+
+def _no_purge(namespace: Mapping[str, Any]) -> int:
+    return 0
+
+
 Collect = Callable[[Callable[[], object]], list[str]]
+ClearTraces = Callable[[Mapping[str, Any], Sequence[Any], Sequence[Any]], list[str]]
+
+
+@dataclass(frozen=True)
+class Modes:
+    """A backend's thread-wide modes that a ``with`` block switches and an interrupt can leave
+    switched: ``read`` them before a cell, ``put_back(before, failed)`` after it, which returns
+    what it did, in lines to show."""
+
+    read: Callable[[], object]
+    put_back: Callable[[object, bool], list[str]]
 
 
 @dataclass(frozen=True)
@@ -84,6 +118,16 @@ class Backend:
     any, runs that one collection with the backend's own work around it (TensorFlow purges
     its gradient registry) and says what it released; ``release`` hands cached device blocks
     back to the driver after it.
+
+    The rest is what only some backends have (TensorFlow, today); the defaults do nothing:
+    ``allocated`` (the bytes its allocator holds now, the cleanup report's figure),
+    ``read_light`` (``read`` without its slow figures, for the between-cell record) and
+    ``refresh`` (``read`` off the main thread, keeping the per-thread figures of an earlier
+    reading), ``clear_traces`` (drop the traced functions' entries that hold what a cleanup
+    cut), ``traced`` (a model's traced ops and their estimated bytes), ``registered`` and
+    ``purge`` (entries kept per model until a purge, freed between models in one cell),
+    ``attach`` and ``detach`` (patches that live while the extension is loaded; ``attach``
+    says in one line why one could not be made), ``modes``.
     """
 
     name: str
@@ -94,6 +138,16 @@ class Backend:
     reset_peaks: Callable[[], list[str]]
     release: Callable[[], list[str]] = _nothing
     collect: Collect | None = None
+    allocated: Callable[[], int | None] = _no_figure
+    read_light: Callable[[], BackendInfo] | None = None
+    refresh: Callable[[BackendInfo], BackendInfo] | None = None
+    clear_traces: ClearTraces = _no_traces
+    traced: Callable[[Any], tuple[int | None, int | None]] = _no_graphs
+    registered: Callable[[], int | None] = _no_figure
+    purge: Callable[[Mapping[str, Any]], int] = _no_purge
+    attach: Callable[[Sequence[CodeType], bool], str | None] = _no_stack
+    detach: Callable[[], None] = lambda: None
+    modes: Modes | None = None
 
 
 def attempt(read: Callable[[], T], default: T, site: str | None = None) -> T:
@@ -159,12 +213,29 @@ def active() -> list[Backend]:
     return [b for b in (get(n) for n in names) if attempt(b.in_use, False, f"{b.name}.in_use")]
 
 
-def read_active(known: Mapping[str, BackendInfo] | None = None) -> tuple[BackendInfo, ...]:
-    """Read every backend in use; ``known`` holds readings the caller has already taken."""
-    known = known or {}
+def read_active(light: bool = False) -> tuple[BackendInfo, ...]:
+    """Read every backend in use; ``light`` leaves out the figures that are slow to read."""
     out = []
     for b in active():
-        info = known.get(b.name) or attempt(b.read, None, f"{b.name}.read")
+        read = b.read_light if light and b.read_light is not None else b.read
+        info = attempt(read, None, f"{b.name}.read")
+        if info is not None:
+            out.append(info)
+    return tuple(out)
+
+
+def refresh_active(earlier: Sequence[BackendInfo]) -> tuple[BackendInfo, ...]:
+    """Read every backend in use from a background thread: what the thread cannot read afresh
+    (TensorFlow's default graph is per thread) is taken from ``earlier``'s readings."""
+    before = {info.name: info for info in earlier}
+    out = []
+    for b in active():
+        base = before.get(b.name)
+        refresh = b.refresh
+        if refresh is not None and base is not None:
+            info = attempt(functools.partial(refresh, base), None, f"{b.name}.read")
+        else:
+            info = attempt(b.read_light or b.read, None, f"{b.name}.read")
         if info is not None:
             out.append(info)
     return tuple(out)
@@ -230,3 +301,66 @@ def configure_gpus(growth: bool = False, limit_mb: int | None = None) -> str:
     if name not in NAMES:
         return unsupported(name)
     return get(name).configure(growth, limit_mb)
+
+
+def allocated(name: str) -> int | None:
+    """Return the bytes the allocator of the backend called ``name`` holds now, if it says."""
+    backend = get(name)
+    return attempt(backend.allocated, None, f"{name}.allocated")
+
+
+def clear_traces(
+    namespace: Mapping[str, Any], stale: Sequence[Any], roots: Sequence[Any] = ()
+) -> list[str]:
+    """Drop what the backends in use traced of ``stale`` objects (reached from ``namespace``,
+    keeping what ``roots`` still use); return what was done, in words."""
+    said: list[str] = []
+    for b in active():
+        said.extend(
+            attempt(
+                functools.partial(b.clear_traces, namespace, stale, roots), [], f"{b.name}.traces"
+            )
+        )
+    return said
+
+
+def traced(model: Any) -> tuple[int | None, int | None]:
+    """Return the ops its backend traced for ``model`` and their estimated bytes, if known."""
+    for b in active():
+        none: tuple[int | None, int | None] = (None, None)
+        ops, size = attempt(functools.partial(b.traced, model), none, f"{b.name}.traced")
+        if ops is not None:
+            return ops, size
+    return None, None
+
+
+def registered() -> int | None:
+    """Return the entries the backends keep per model until a purge (TF's custom gradients);
+    None when no backend in use keeps any. Never imports a framework."""
+    counts = [n for n in (attempt(get(name).registered, None) for name in NAMES) if n is not None]
+    return sum(counts) if counts else None
+
+
+def purge(namespace: Mapping[str, Any]) -> int:
+    """Free what the backends keep per model for models that are gone; return how many went."""
+    return sum(
+        attempt(functools.partial(b.purge, namespace), 0, f"{b.name}.purge") for b in active()
+    )
+
+
+def attach(stop_at: Sequence[CodeType] = (), patch: bool = True) -> list[str]:
+    """Give every backend the frames its traces end at (a cell's runners, ``stop_at``) and,
+    with ``patch``, make the patches that live while the extension is loaded (TF's op stack
+    traces, once TensorFlow is imported); return why any could not be made."""
+    said = []
+    for name in NAMES:
+        why = attempt(functools.partial(get(name).attach, stop_at, patch), None, f"{name}.attach")
+        if why is not None:
+            said.append(why)
+    return said
+
+
+def detach() -> None:
+    """Undo every backend's patches."""
+    for name in NAMES:
+        attempt(get(name).detach, None, f"{name}.detach")

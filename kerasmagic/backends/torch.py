@@ -11,7 +11,12 @@ import importlib.util
 import sys
 from typing import Any
 
-from kerasmagic.backends import Backend, BackendDevice, BackendInfo, attempt, keras_backend
+from kerasmagic.backends import Backend, BackendDevice, BackendInfo, Modes, attempt, keras_backend
+
+RESTORED = (
+    "kerasmagic: the error stopped PyTorch inside torch.no_grad(), which left gradients off; "
+    "they are on again, as before the cell"
+)
 
 
 def loaded_torch() -> Any | None:
@@ -130,4 +135,30 @@ def reset_peaks() -> list[str]:
     return [f"cuda:{i}" for i in range(count)]
 
 
-BACKEND = Backend("torch", in_use, read, reset, configure, reset_peaks, release)
+def grad_enabled() -> bool | None:
+    """Return whether gradients are on for this thread, once PyTorch is imported."""
+    torch = loaded_torch()
+    return bool(torch.is_grad_enabled()) if torch is not None else None
+
+
+def put_back(before: object, failed: bool) -> list[str]:
+    """After a failed cell that started with gradients on: switch them on again if an
+    interrupt inside ``torch.no_grad()`` left them off (a cell that succeeds keeps its own
+    ``torch.set_grad_enabled(False)``)."""
+    torch = loaded_torch()
+    if not failed or before is not True or torch is None or torch.is_grad_enabled():
+        return []
+    torch.set_grad_enabled(True)
+    return [RESTORED]
+
+
+BACKEND = Backend(
+    "torch",
+    in_use,
+    read,
+    reset,
+    configure,
+    reset_peaks,
+    release,
+    modes=Modes(grad_enabled, put_back),
+)

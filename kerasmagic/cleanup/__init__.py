@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
-from kerasmagic.backends.tensorflow.alloc import read_tf
+from kerasmagic.backends import allocated
 from kerasmagic.cleanup.backend import reset_backend
 from kerasmagic.cleanup.report import CleanupReport
 from kerasmagic.cleanup.stale import plan_cleanup
@@ -107,7 +107,7 @@ def _reset(
     run = Run(ns, shell, plan, patch_stack_traces, dropped)
     del plan  # the run owns it now, and lets it go before collecting
     run_steps(run)
-    tf_after = read_tf().current_bytes
+    tf_after = allocated("tensorflow")
     tf_freed = None if run.tf_before is None or tf_after is None else run.tf_before - tf_after
     return CleanupReport(
         dropped=dropped,

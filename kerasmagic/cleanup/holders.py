@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kerasmagic.backends.tensorflow.traced import estimate_bytes, traced_ops
+from kerasmagic.backends import traced
 from kerasmagic.cleanup.loops import Freezer
 from kerasmagic.cleanup.tracebacks import frame_locals, stored_tracebacks
 from kerasmagic.walk.children import module_dicts
@@ -213,7 +213,7 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
         held = paths.get(id(m)) or (
             [owners[id(m)]] if id(m) in owners else referrer_kinds(m, (models,))
         )
-        ops = traced_ops(m)
+        ops, graph_bytes = traced(m)
         remedies = [holder_remedy(h) for h in held]
         out.append(
             LiveModel(
@@ -222,7 +222,7 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
                 _size(m),
                 tuple(held),
                 ops,
-                estimate_bytes(ops),
+                graph_bytes,
                 freeable=all(free for _, free in remedies),
                 remedies=tuple(r for r, _ in remedies),
             )

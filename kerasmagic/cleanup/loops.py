@@ -28,9 +28,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kerasmagic.backends.tensorflow.graph import custom_gradient_count
-from kerasmagic.backends.tensorflow.purge import purge_custom_gradients
-from kerasmagic.backends.tensorflow.traces import clear_stale_traces
+from kerasmagic.backends import purge, registered
 from kerasmagic.compat.reaches import works
 from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.onimport import AfterImport
@@ -133,7 +131,7 @@ class LoopGuard:
 
     def between_models(self) -> None:
         """Purge what earlier models left, if TF registered custom gradients since last time."""
-        count = custom_gradient_count()
+        count = registered()
         if count is None:  # TensorFlow not imported: its registry cannot hold anything
             return
         if not Freezer.frozen and self.in_cell:  # the cell's first new model: nothing to
@@ -153,11 +151,8 @@ class LoopGuard:
             self.after = count
 
     def _purge(self) -> None:
-        result = purge_custom_gradients()
-        if clear_stale_traces(self.namespace, ()):  # traces of variables that just died
-            result = purge_custom_gradients()
-        self.freed += result.dropped
-        self.after = custom_gradient_count() or 0
+        self.freed += purge(self.namespace)
+        self.after = registered() or 0
 
 
 Hooks = tuple[LoopGuard, Callable[[Any], None], Callable[[Any], None], Callable[[], None]]

@@ -7,17 +7,14 @@ and a second only when something that should have gone survived the first (``sur
 from __future__ import annotations
 
 import gc
-import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kerasmagic.backends import collect_active, release_active
-from kerasmagic.backends.tensorflow import stack as tfstack
-from kerasmagic.backends.tensorflow.alloc import read_tf
-from kerasmagic.backends.tensorflow.traces import clear_stale_traces
+from kerasmagic import backends
+from kerasmagic.backends import allocated, collect_active, release_active
 from kerasmagic.cleanup.backend import reset_backend
 from kerasmagic.cleanup.holders import holder_paths, referrer_kinds
 from kerasmagic.cleanup.loops import Freezer
@@ -62,7 +59,7 @@ def clear_traces(run: Run) -> None:
     the variables); traces of what is kept stay."""
     assert run.plan is not None
     stale = [obj for _, obj in run.plan.stale.values()]
-    run.notes += clear_stale_traces(run.ns, stale, run.plan.roots)
+    run.notes += backends.clear_traces(run.ns, stale, run.plan.roots)
     run.plan = None  # the plan holds the stale objects: let them go before collecting
 
 
@@ -70,10 +67,8 @@ def reset_backends(run: Run) -> None:
     """Keras's global state (names, graphs; its user settings kept), then each backend's
     caches (TF's default graph and string traces, JAX's compilations, torch.compile's)."""
     reset_backend()
-    if run.patch_stack_traces and "tensorflow" in sys.modules:  # JAX, PyTorch: nothing to say
-        why = tfstack.install()
-        if why:
-            run.notes.append(why)
+    if run.patch_stack_traces:  # TF's op stack traces (TensorFlow imported since the load)
+        run.notes += backends.attach()
 
 
 def collect(run: Run) -> None:
@@ -116,7 +111,7 @@ STEPS: tuple[Callable[[Run], None], ...] = (
 
 def run_steps(run: Run) -> None:
     """Run every step in order, timing each."""
-    run.rss_before, run.tf_before = read_ram().rss_bytes, read_tf().current_bytes
+    run.rss_before, run.tf_before = read_ram().rss_bytes, allocated("tensorflow")
     for step in STEPS:
         start = time.perf_counter()
         step(run)

@@ -87,6 +87,8 @@ def stack(_: Any) -> str | None:
 
 
 def debug_info(_: Any) -> str | None:
+    # The one import of a backend's module outside backends/: this probe checks that module's
+    # own hand-encoded bytes against TensorFlow's reader (lazy: backends import compat).
     from kerasmagic.backends.tensorflow.tracetree import encode_frames
 
     frames = [("a.py", 3, "f"), ("b/é.py", 70_000, "g"), ("a.py", 1, "<module>")]

@@ -16,64 +16,43 @@ So a cell that started in the default mode and ended in an error with it switche
 back, with one line saying so. A cell that succeeds keeps what it set:
 ``torch.set_grad_enabled(False)`` on purpose is left alone. Stale context switches are dropped
 after any cell, with one line: a cell that catches the Ctrl-C (``except KeyboardInterrupt``
-around ``fit``) succeeds, and leaves them all the same.
+around ``fit``) succeeds, and leaves them all the same. Each backend reads and puts back its
+own (``Backend.modes``: ``backends/torch.py``, ``backends/tensorflow/__init__.py``).
 """
 
 from __future__ import annotations
 
-import sys
+import functools
 from typing import Any
 
-from kerasmagic.backends.tensorflow.mode import (
-    Mode,
-    drop_stale_switches,
-    read_mode,
-    restore_eager,
-)
-from kerasmagic.backends.torch import loaded_torch
-from kerasmagic.compat.reaches import works
+from kerasmagic.backends import NAMES, attempt, get
 from kerasmagic.shellstate import ShellState
-
-RESTORED = (
-    "kerasmagic: the error stopped PyTorch inside torch.no_grad(), which left gradients off; "
-    "they are on again, as before the cell"
-)
-RESTORED_EAGER = (
-    "kerasmagic: the error stopped TensorFlow as it left graph mode, which left it there; "
-    "eager execution is on again, as before the cell"
-)
-RESTORED_SWITCHES = (
-    "kerasmagic: the interrupt stopped TensorFlow as it entered or left a graph, which left "
-    "{n} entr{ies} on its stack of context switches; removed, as before the cell"
-)
 
 
 class ModeGuard:
-    """Remember the modes before each cell; put them back after a cell that failed."""
+    """Remember each backend's modes before each cell (``Backend.modes``); after it, let each
+    put back what a cell that failed left switched, and print what it did."""
 
     def __init__(self) -> None:
-        self.grad: bool | None = None
-        self.tf: Mode | None = None
+        self.before: dict[str, object] = {}
 
     def pre_run_cell(self, info: Any) -> None:
-        torch = loaded_torch()
-        self.grad = bool(torch.is_grad_enabled()) if torch is not None else None
-        tf_ok = "tensorflow" not in sys.modules or works("tf.modes")  # moved: said by compat
-        self.tf = read_mode() if tf_ok else None
+        self.before = {
+            name: attempt(modes.read, None, f"{name}.modes")
+            for name in NAMES
+            if (modes := get(name).modes) is not None
+        }
 
     def post_run_cell(self, result: Any) -> None:
-        grad, tf, self.grad, self.tf = self.grad, self.tf, None, None
-        dropped = drop_stale_switches(tf)
-        if dropped:
-            print(RESTORED_SWITCHES.format(n=dropped, ies="y" if dropped == 1 else "ies"))
-        if getattr(result, "error_in_exec", None) is None:
-            return
-        torch = loaded_torch()
-        if torch is not None and grad and not torch.is_grad_enabled():
-            torch.set_grad_enabled(True)
-            print(RESTORED)
-        if tf is not None and restore_eager(tf):
-            print(RESTORED_EAGER)
+        before, self.before = self.before, {}
+        failed = getattr(result, "error_in_exec", None) is not None
+        for name in NAMES:
+            modes = get(name).modes
+            if modes is not None:
+                put_back = functools.partial(modes.put_back, before.get(name), failed)
+                said: list[str] = attempt(put_back, [], f"{name}.modes")
+                for line in said:
+                    print(line)
 
 
 def load(state: ShellState) -> ModeGuard:

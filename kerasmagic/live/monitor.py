@@ -19,9 +19,7 @@ from typing import Any
 from traitlets import Float, Int
 from traitlets.config import Configurable
 
-from kerasmagic.backends import keras_backend, read_active
-from kerasmagic.backends.tensorflow import info as tensorflow_info
-from kerasmagic.backends.tensorflow.graph import custom_gradient_count, function_count
+from kerasmagic.backends import keras_backend, refresh_active
 from kerasmagic.interrupts.held import (
     held_interrupts,
     interrupt_finished_cell,
@@ -220,11 +218,11 @@ class LiveMonitor(Configurable):
         self._emit("cell", record)
 
     # -- sampler thread ----------------------------------------------------------------------
-    def _on_sample(self, ram: Any, gpu: Any, tf: Any) -> None:
+    def _on_sample(self, ram: Any, gpu: Any) -> None:
         base = self._latest
         if base is None:
             return
-        snap = _refreshed(base, ram, gpu, tf)
+        snap = _refreshed(base, ram, gpu)
         with self._lock:  # a cell's end snapshot may have landed meanwhile: it wins
             if self._latest is not base:
                 return
@@ -269,18 +267,15 @@ class LiveMonitor(Configurable):
         return self._views.get(key)
 
 
-def _refreshed(base: MemorySnapshot, ram: Any, gpu: Any, tf: Any) -> MemorySnapshot:
-    """Return ``base`` with what a background thread can read afresh: memory, the global
-    graph figures (not the default graph's ops: that graph is per thread) and the backends,
-    so a first ``fit()`` shows TensorFlow while it runs, not the state before the cell."""
-    graph = dataclasses.replace(
-        base.graph, custom_gradients=custom_gradient_count(), functions=function_count()
-    )
+def _refreshed(base: MemorySnapshot, ram: Any, gpu: Any) -> MemorySnapshot:
+    """Return ``base`` with what a background thread can read afresh: memory and the backends
+    (not TensorFlow's default graph: it is per thread), so a first ``fit()`` shows TensorFlow
+    while it runs, not the state before the cell."""
     return dataclasses.replace(
         base,
         time_s=time.time(),
         ram=ram,
         gpu=gpu,
         keras_backend=keras_backend(),
-        backends=read_active({"tensorflow": tensorflow_info(tf, graph)}),
+        backends=refresh_active(base.backends),
     )

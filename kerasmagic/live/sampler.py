@@ -1,4 +1,5 @@
-"""A daemon thread that samples RAM, NVML and TF's allocator and keeps the peaks of a cell.
+"""A daemon thread that samples RAM and NVML and keeps the peaks of a cell (its callback reads
+the backends' allocators on the same thread).
 
 It sleeps on an ``Event`` between samples (fast while a cell runs, slow while idle), never
 raises into the kernel and holds no reference to any user object.
@@ -11,11 +12,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from kerasmagic.backends.tensorflow.alloc import TfInfo, read_tf
 from kerasmagic.probes import GpuInfo, RamInfo, read_gpus, read_ram
 
 log = logging.getLogger(__name__)
-OnSample = Callable[[RamInfo, GpuInfo, TfInfo], None]
+OnSample = Callable[[RamInfo, GpuInfo], None]
 
 
 class Sampler:
@@ -83,12 +83,12 @@ class Sampler:
         try:
             with self._lock:
                 cell = self._cell
-            ram, gpu, tf = read_ram(), read_gpus(), read_tf()
+            ram, gpu = read_ram(), read_gpus()
             with self._lock:
                 if self._running_cell and self._cell == cell:
                     self._update(ram.rss_bytes, gpu.used_bytes)
             self.samples += 1
-            self._on_sample(ram, gpu, tf)
+            self._on_sample(ram, gpu)
         except Exception:
             log.exception("kerasmagic sampler: reading memory failed")
 

@@ -224,12 +224,10 @@ def _keras_backend() -> str:
 
 
 def _tf_meter(limit_bytes: int | None) -> Meter | str:
-    from kerasmagic.backends.tensorflow.alloc import gpu_device_names
-
     tf = sys.modules.get("tensorflow")
     if tf is None:
         return "TensorFlow is not imported"
-    device = (gpu_device_names() or ["CPU:0"])[0]
+    device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
     experimental = tf.config.experimental
     try:
         experimental.reset_memory_stats(device)

@@ -31,8 +31,9 @@ def cell_line(record: CellRecord, verdict: LeakVerdict | None = None) -> str:
             f"VRAM {fmt_bytes(end.gpu_used_bytes)} ({signed_bytes(delta.gpu_used_bytes)}, "
             f"peak {fmt_bytes(record.peak_gpu_bytes)})"
         )
-    if end.graph.custom_gradients is not None:
-        parts.append(f"custom gradients {end.graph.custom_gradients}")
+    gradients = end.cache("tensorflow", "custom_gradients")
+    if gradients is not None:
+        parts.append(f"custom gradients {gradients}")
     if end.keras.live_models is not None:
         parts.append(f"models {end.keras.live_models}, names {end.keras.name_counter}")
     line = "kerasmagic " + " | ".join(parts)

@@ -45,18 +45,18 @@ def _gpu_rows(snap: MemorySnapshot) -> list[Row]:
 
 
 def _tf_row(snap: MemorySnapshot) -> Row:
-    tf = snap.tf
-    if not tf.imported:
+    tf = snap.backend_named("tensorflow")
+    if tf is None:
         return ("TF allocator", "TensorFlow not imported")
-    if not tf.initialized:
+    if tf.platform is None:
         return ("TF allocator", "runtime not started yet (no GPU memory taken)")
     if not tf.devices:
         return ("TF allocator", no_stats())
     return (
         "TF allocator",
         "; ".join(
-            f"{d.device} ({d.kind.upper()}) tensors in use {fmt_bytes(d.current_bytes)}, "
-            f"peak {fmt_bytes(d.peak_bytes)}"
+            f"{d.name} ({(d.kind or 'gpu').upper()}) tensors in use "
+            f"{fmt_bytes(d.in_use_bytes or 0)}, peak {fmt_bytes(d.peak_bytes or 0)}"
             for d in tf.devices
         ),
     )
@@ -137,16 +137,16 @@ def _backends(snap: MemorySnapshot) -> list[Row]:
     name = snap.keras_backend
     if name is not None and name not in NAMES:
         rows.insert(0, ("Backend", unsupported(name)))
-    if snap.tf.imported or not rows:
+    if snap.backend_named("tensorflow") is not None or not rows:
         rows += [_tf_row(snap), _graph_row(snap)]
     return rows
 
 
 def _graph_row(snap: MemorySnapshot) -> Row:
     graph = [
-        _opt(snap.graph.default_graph_ops, "ops in the default graph"),
-        _opt(snap.graph.custom_gradients, "custom gradients registered"),
-        _opt(snap.graph.functions, "traced functions"),
+        _opt(snap.cache("tensorflow", "default_graph_ops"), "ops in the default graph"),
+        _opt(snap.cache("tensorflow", "custom_gradients"), "custom gradients registered"),
+        _opt(snap.cache("tensorflow", "functions"), "traced functions"),
     ]
     return ("Graph", ", ".join(g for g in graph if g) or "TensorFlow not imported")
 

@@ -32,12 +32,13 @@ WARN_COLOUR = "var(--jp-error-color1, #b71c1c)"
 
 def _tf_totals(snap: MemorySnapshot) -> tuple[int | None, int | None]:
     """Return TF's tensors in use (on its GPUs, else on CPU:0) and the VRAM it holds."""
-    if not snap.tf.devices:
+    tf = snap.backend_named("tensorflow")
+    if tf is None or not tf.devices:
         return None, None
-    gpus = snap.tf.gpu_devices
+    gpus = [d.in_use_bytes or 0 for d in tf.devices if d.kind != "cpu"]
     if not gpus:  # CPU:0 alone: no VRAM to compare with
-        return snap.tf.current_bytes, None
-    return sum(d.current_bytes for d in gpus), snap.gpu_used_bytes
+        return tf.in_use_bytes, None
+    return sum(gpus), snap.gpu_used_bytes
 
 
 def _backend_figures(snap: MemorySnapshot) -> tuple[str, str]:
@@ -150,8 +151,8 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
             tf_reserved_bytes=tf_reserved,
             backend=backend,
             backend_figures=backend_figures,
-            graph_functions=snap.graph.functions,
-            custom_gradients=snap.graph.custom_gradients,
+            graph_functions=snap.cache("tensorflow", "functions"),
+            custom_gradients=snap.cache("tensorflow", "custom_gradients"),
             live_models=snap.keras.live_models,
             name_counter=snap.keras.name_counter,
         )

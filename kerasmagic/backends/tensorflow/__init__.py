@@ -10,14 +10,32 @@ The TensorFlow internals live beside this module: ``alloc`` (allocator per devic
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from types import CodeType
+from typing import Any
 
-from kerasmagic.backends import Backend, BackendDevice, BackendInfo, keras_backend
-from kerasmagic.backends.tensorflow import stack
+from kerasmagic.backends import Backend, BackendDevice, BackendInfo, Modes, keras_backend
+from kerasmagic.backends.tensorflow import mode, stack, traced
 from kerasmagic.backends.tensorflow.alloc import TfInfo, read_tf, tf_context
 from kerasmagic.backends.tensorflow.alloc import reset_tf_peaks as reset_peaks
-from kerasmagic.backends.tensorflow.graph import GraphInfo, read_graph
+from kerasmagic.backends.tensorflow.graph import (
+    GraphInfo,
+    custom_gradient_count,
+    function_count,
+    read_graph,
+)
 from kerasmagic.backends.tensorflow.purge import purge_custom_gradients
+from kerasmagic.backends.tensorflow.traces import clear_stale_traces
+from kerasmagic.compat.reaches import works
+
+RESTORED_EAGER = (
+    "kerasmagic: the error stopped TensorFlow as it left graph mode, which left it there; "
+    "eager execution is on again, as before the cell"
+)
+RESTORED_SWITCHES = (
+    "kerasmagic: the interrupt stopped TensorFlow as it entered or left a graph, which left "
+    "{n} entr{ies} on its stack of context switches; removed, as before the cell"
+)
 
 
 def in_use() -> bool:
@@ -73,6 +91,77 @@ def collect(run: Callable[[], object]) -> list[str]:
     return said + ([result.message] if result.message else [])
 
 
+def read_light() -> BackendInfo:
+    """``read`` without the function library's count (~1 ms)."""
+    return info(read_tf(), read_graph(functions=False))
+
+
+def refresh(earlier: BackendInfo) -> BackendInfo:
+    """Read from a background thread: the allocator and the process-wide graph figures afresh,
+    the default graph's ops (per thread) as ``earlier`` had them."""
+    graph = GraphInfo(
+        default_graph_ops=earlier.caches.get("default_graph_ops"),
+        custom_gradients=custom_gradient_count(),
+        functions=function_count(),
+    )
+    return info(read_tf(), graph)
+
+
+def allocated() -> int | None:
+    """Return the bytes TensorFlow's allocators hold over every device with statistics."""
+    return read_tf().current_bytes
+
+
+def model_graphs(model: Any) -> tuple[int | None, int | None]:
+    """Return the ops of ``model``'s traced functions and their estimated bytes."""
+    ops = traced.traced_ops(model)
+    return ops, traced.estimate_bytes(ops)
+
+
+def purge(namespace: Mapping[str, Any]) -> int:
+    """Free the gradient-registry entries of models that are gone, and again after clearing
+    the traces ``namespace``'s tf.functions keep of variables that just died; return how many
+    entries went."""
+    dropped = purge_custom_gradients().dropped
+    if clear_stale_traces(namespace, ()):
+        dropped += purge_custom_gradients().dropped
+    return dropped
+
+
+def clear_traces(
+    namespace: Mapping[str, Any], stale: Sequence[Any], roots: Sequence[Any]
+) -> list[str]:
+    """Free the traces of ``stale`` models held by tf.functions in ``namespace``."""
+    return clear_stale_traces(namespace, stale, roots)
+
+
+def attach(stop_at: Sequence[CodeType], patch: bool) -> str | None:
+    """Op stack traces end at ``stop_at``'s frames; with ``patch``, once TensorFlow is
+    imported, they are captured as strings only (``stack.py``). Return why not, if they
+    cannot be."""
+    for code in stop_at:
+        stack.stop_at(code)
+    return stack.install() if patch and "tensorflow" in sys.modules else None
+
+
+def read_modes() -> mode.Mode | None:
+    """Return the main thread's mode (None before TensorFlow is imported, or if it moved)."""
+    return mode.read_mode() if works("tf.modes") else None
+
+
+def put_back(before: object, failed: bool) -> list[str]:
+    """Drop the context switches blocks that are over left (after any cell); after a failed
+    one, switch eager execution back on if an interrupt left the thread in graph mode."""
+    start = before if isinstance(before, mode.Mode) else None
+    said = []
+    dropped = mode.drop_stale_switches(start)
+    if dropped:
+        said.append(RESTORED_SWITCHES.format(n=dropped, ies="y" if dropped == 1 else "ies"))
+    if failed and start is not None and mode.restore_eager(start):
+        said.append(RESTORED_EAGER)
+    return said
+
+
 def configure(growth: bool, limit_mb: int | None) -> str:
     """Memory growth or a cap per GPU, before TensorFlow starts its devices."""
     from kerasmagic.backends.tensorflow.config import configure_tensorflow
@@ -80,4 +169,22 @@ def configure(growth: bool, limit_mb: int | None) -> str:
     return configure_tensorflow(growth, limit_mb)
 
 
-BACKEND = Backend("tensorflow", in_use, read, reset, configure, reset_peaks, collect=collect)
+BACKEND = Backend(
+    "tensorflow",
+    in_use,
+    read,
+    reset,
+    configure,
+    reset_peaks,
+    collect=collect,
+    allocated=allocated,
+    read_light=read_light,
+    refresh=refresh,
+    clear_traces=clear_traces,
+    traced=model_graphs,
+    registered=custom_gradient_count,
+    purge=purge,
+    attach=attach,
+    detach=stack.uninstall,
+    modes=Modes(read_modes, put_back),
+)
