@@ -242,3 +242,39 @@ def test_a_post_import_hook_runs_after_the_module_and_goes_away(
     assert km_hooked.__spec__.loader is km_hooked.__loader__
     assert "VALUE = 41" in inspect.getsource(km_hooked)
     assert hook not in sys.meta_path and failing not in sys.meta_path
+
+
+class _Model:
+    """Stands for a model class: the near walk judges objects by type alone."""
+
+
+class _Callback:
+    """Stands for a callback class: its ``.model`` link is followed, never walked into."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+
+def test_a_plan_walks_each_object_near_the_namespace_once(monkeypatch: Any) -> None:
+    """``model``, ``Out[3]``, ``_3`` and ``_`` holding one container: one walk, each path its
+    own; a callback's linked model is not state found in the container (its link is cut)."""
+    from kerasmagic.walk import near
+
+    walked: list[int] = []
+    real = near._walk
+
+    def counting(path: str, obj: Any, *rest: Any) -> Any:
+        if path == "":
+            walked.append(id(obj))
+        return real(path, obj, *rest)
+
+    monkeypatch.setattr(near, "_walk", counting)
+    model, linked = _Model(), _Model()
+    callback = _Callback(linked)
+    runs = {"cv": [model, callback]}
+    walks = near.NearWalks((_Callback,))
+    for path in ("runs", "Out[3]", "_3", "_"):
+        assert walks.state(path, runs, (_Model,)) == [(f"{path}['cv'][0]", model)]
+        assert walks.callbacks(path, runs) == [(f"{path}['cv'][1]", callback)]
+    assert walked == [id(runs)]
+    assert list(near.walk("runs", runs, (_Callback,)))[-1] == ("runs['cv'][1].model", linked)

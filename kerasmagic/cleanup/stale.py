@@ -25,7 +25,6 @@ from kerasmagic.cleanup.cuts import (
     cut_link,
     forget_output,
     forget_stored_errors,
-    models_under,
     set_attr,
     set_item,
     strip_binding,
@@ -35,10 +34,11 @@ from kerasmagic.cleanup.tracebacks import frame_locals, stored_tracebacks
 from kerasmagic.compat.reaches import broken
 from kerasmagic.oom.detect import find_oom
 from kerasmagic.walk.names import is_user_name, scan_order
-from kerasmagic.walk.near import walk
+from kerasmagic.walk.near import NearWalks
 from kerasmagic.walk.ownership import Owned, held_by, node_layer, outbound_nodes, owned
 from kerasmagic.walk.paths import callback_labels
 from kerasmagic.walk.reach import reachable
+from kerasmagic.walk.rebound import models_under
 from kerasmagic.walk.state import StateTypes, callback_model, is_a, state_types
 
 Action = tuple[str, Callable[[], None]]
@@ -82,10 +82,6 @@ def _stale(plan: Plan, found: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return [(path, obj) for path, obj in found if not plan.keeps(obj)]
 
 
-def _state_in(obj: Any, path: str, types: tuple[type, ...], depth: int = 2) -> list[Any]:
-    return [(p, o) for p, o in walk(path, obj, (), max_depth=depth) if is_a(o, types)]
-
-
 def _label(path: str, obj: Any, plan: Plan) -> str:
     """Name a dropped object: a model by its path, other state with what it held."""
     kind = plan.types.kind(type(obj)) if plan.types else None
@@ -122,24 +118,28 @@ def _release_names(
 
 
 def _release_output_cache(
-    plan: Plan, ns: MutableMapping[str, Any], types: tuple[type, ...]
+    plan: Plan, ns: MutableMapping[str, Any], types: tuple[type, ...], near: NearWalks
 ) -> None:
     out = ns.get("Out")
     if isinstance(out, dict):
         for key, value in list(out.items()):
-            found = _stale(plan, _state_in(value, f"Out[{key}]", types))
+            found = _stale(plan, near.state(f"Out[{key}]", value, types))
             if found:
                 plan.stale.update((id(o), (p, o)) for p, o in found)
                 plan.actions.append((f"Out[{key}]", forget_output(ns, out, key)))
     for name in ("_", "__", "___"):
-        found = _stale(plan, _state_in(ns.get(name), name, types))
+        found = _stale(plan, near.state(name, ns.get(name), types))
         if found:
             plan.stale.update((id(o), (p, o)) for p, o in found)
             plan.actions.append((name, set_item(ns, name, "")))
 
 
 def _release_tracebacks(
-    plan: Plan, ns: MutableMapping[str, Any], types: tuple[type, ...], shell: Any | None
+    plan: Plan,
+    ns: MutableMapping[str, Any],
+    types: tuple[type, ...],
+    shell: Any | None,
+    near: NearWalks,
 ) -> None:
     """Stored errors drop their frames' locals where those hold stale model state. An
     out-of-memory error goes altogether: its frames hold the batch and the tensors that ran out,
@@ -148,7 +148,7 @@ def _release_tracebacks(
     oom = _stored_oom()
     for label, tb in stored_tracebacks():
         found = [
-            o for path, value in frame_locals(label, tb, ns) for o in _state_in(value, path, types)
+            o for path, value in frame_locals(label, tb, ns) for o in near.state(path, value, types)
         ]
         found = _stale(plan, found)
         if found:
@@ -167,7 +167,11 @@ def _stored_oom() -> bool:
 
 
 def _cut_callback_links(
-    plan: Plan, ns: MutableMapping[str, Any], types: StateTypes, deeper: Iterable[tuple[str, Any]]
+    plan: Plan,
+    ns: MutableMapping[str, Any],
+    types: StateTypes,
+    deeper: Iterable[tuple[str, Any]],
+    near: NearWalks,
 ) -> None:
     """Cut callbacks' links to models nothing kept holds, at any depth of the namespace."""
     seen: set[int] = set()  # one callback under many names (Out[7], _, _7): its first path
@@ -181,13 +185,12 @@ def _cut_callback_links(
                 out.append((label, obj))
         return out
 
-    near = first(
+    close = first(
         (f"{path}.model", obj)
         for name in scan_order(ns)  # the user's names first
-        for path, obj in walk(name, ns.get(name), cbs)
-        if is_a(obj, cbs)
+        for path, obj in near.callbacks(name, ns.get(name))
     )
-    for label, obj in near + callback_labels(ns, first(deeper), types.models, cbs):
+    for label, obj in close + callback_labels(ns, first(deeper), types.models, cbs):
         model = callback_model(obj)
         if not is_a(model, types.models) or id(model) in plan.held:
             continue
@@ -195,19 +198,19 @@ def _cut_callback_links(
         plan.actions.append((label, cut_link(obj)))
 
 
-def _release_shell(plan: Plan, shell: Any, types: tuple[type, ...]) -> None:
+def _release_shell(plan: Plan, shell: Any, types: tuple[type, ...], near: NearWalks) -> None:
     """IPython keeps its own references: the display hook's ``_``s and the last result."""
     hook = getattr(shell, "displayhook", None)
     for name in ("_", "__", "___"):
-        if _stale(plan, _state_in(getattr(hook, name, None), name, types)):
+        if _stale(plan, near.state(name, getattr(hook, name, None), types)):
             plan.actions.append((f"displayhook.{name}", set_attr(hook, name, "")))
     hidden = getattr(shell, "user_ns_hidden", None)  # push(interactive=False) copies _, _N here
     if isinstance(hidden, dict):
         for name, value in list(hidden.items()):
-            if re.fullmatch(r"_+|_\d+", name) and _stale(plan, _state_in(value, name, types)):
+            if re.fullmatch(r"_+|_\d+", name) and _stale(plan, near.state(name, value, types)):
                 plan.actions.append((f"displayhook.{name}", set_item(hidden, name, "")))
     last = getattr(shell, "last_execution_result", None)
-    found = _stale(plan, _state_in(getattr(last, "result", None), "last result", types))
+    found = _stale(plan, near.state("last result", getattr(last, "result", None), types))
     if found:
         plan.stale.update((id(o), (p, o)) for p, o in found)
         plan.actions.append(("last result", set_attr(last, "result", None)))
@@ -286,8 +289,9 @@ def plan_cleanup(
     users = [name for name in list(ns) if is_user_name(name)]
     release = (set(users) if drop_all else set(rebinding) & set(ns)) - set(keep)
     kept_names = [name for name in users if name not in release]
+    near = NearWalks(types.callbacks)  # each object near the namespace walked once, here
     for name in kept_names:
-        found = _state_in(ns.get(name), name, types.models)
+        found = near.state(name, ns.get(name), types.models)
         plan.kept.update((id(m), (p, m)) for p, m in found)
     kept_roots = ((n, ns[n]) for n in kept_names if n in ns)
     reach = reachable(kept_roots, types.all, types.callbacks, skip=(ns,))
@@ -298,11 +302,11 @@ def plan_cleanup(
     released_roots = ((n, ns[n]) for n in sorted(release) if n in ns)
     released = reachable(released_roots, types.models, types.callbacks, (ns,))
     _release_names(plan, ns, sorted(release), state)
-    _release_output_cache(plan, ns, state)
-    _release_tracebacks(plan, ns, state, shell)
+    _release_output_cache(plan, ns, state, near)
+    _release_tracebacks(plan, ns, state, shell, near)
     if shell is not None:
-        _release_shell(plan, shell, state)
-    _cut_callback_links(plan, ns, types, reach.callbacks + released.callbacks)
+        _release_shell(plan, shell, state, near)
+    _cut_callback_links(plan, ns, types, reach.callbacks + released.callbacks, near)
     _unlink_from_kept_layers(plan)
     for key in plan.held:
         plan.stale.pop(key, None)

@@ -1,8 +1,11 @@
 """The near walk: the namespace's names and two levels into their containers (per cell, cheap).
 
 It yields every object on the way with its path (``results['cv'][2]``) and follows a
-callback's ``.model`` link; ``count_models`` is the same walk reduced to a count, for the
-figure taken after every cell.
+callback's ``.model`` link; ``NearWalks`` keeps each object's walk for one cleanup plan, which
+asks about the same objects under many names (``model``, ``Out[7]``, ``_``);
+``count_models`` is the same walk reduced to a count, for the figure taken after every cell;
+``instances_near`` the one-level search for instances of one class (the ``tf.function``
+objects whose traces a cleanup clears).
 """
 
 from __future__ import annotations
@@ -12,8 +15,15 @@ from collections.abc import Iterator, Mapping
 from itertools import islice
 from typing import Any
 
-from kerasmagic.walk.children import CONTAINERS, COUNT_ITEMS, NEAR_DEPTH, items_of
-from kerasmagic.walk.names import SKIP, scan_order
+from kerasmagic.walk.children import (
+    CONTAINERS,
+    COUNT_ITEMS,
+    NEAR_DEPTH,
+    attributes,
+    function_refs,
+    items_of,
+)
+from kerasmagic.walk.names import SKIP, is_user_name, scan_order
 from kerasmagic.walk.state import callback_model, callback_types, is_a, model_types
 
 
@@ -21,16 +31,85 @@ def walk(
     path: str, obj: Any, callbacks: tuple[type, ...], depth: int = 0, max_depth: int = NEAR_DEPTH
 ) -> Iterator[tuple[str, Any]]:
     """Yield ``(path, object)`` for ``obj``, its container items and callbacks' models."""
-    yield path, obj
+    for found_path, found, _ in _walk(path, obj, callbacks, depth, max_depth):
+        yield found_path, found
+
+
+def _walk(
+    path: str, obj: Any, callbacks: tuple[type, ...], depth: int, max_depth: int
+) -> Iterator[tuple[str, Any, bool]]:
+    """``walk``, each entry saying whether it was reached through a callback's link."""
+    yield path, obj, False
     if is_a(obj, callbacks):
         model = callback_model(obj)
         if model is not None:
-            yield f"{path}.model", model
+            yield f"{path}.model", model, True
         return
     if depth >= max_depth:
         return
     for suffix, item in items_of(obj) or ():
-        yield from walk(path + suffix, item, callbacks, depth + 1, max_depth)
+        yield from _walk(path + suffix, item, callbacks, depth + 1, max_depth)
+
+
+class NearWalks:
+    """Each object's near walk, taken once for one cleanup plan: the plan asks about the same
+    objects under many names (``model``, ``Out[7]``, ``_7``, ``_``, the display hook's ``_``).
+    It holds every object it walked, so it lives only while the plan is made."""
+
+    def __init__(self, callbacks: tuple[type, ...]) -> None:
+        self._callbacks = callbacks
+        self._walks: dict[int, tuple[Any, list[tuple[str, Any, bool]]]] = {}
+
+    def _walk(self, obj: Any) -> list[tuple[str, Any, bool]]:
+        """Return ``(suffix, object, through a callback's link)`` for ``obj``'s near walk."""
+        done = self._walks.get(id(obj))
+        if done is None:  # the object is kept with its walk: its id stays its own
+            done = self._walks[id(obj)] = (
+                obj,
+                list(_walk("", obj, self._callbacks, 0, NEAR_DEPTH)),
+            )
+        return done[1]
+
+    def state(self, path: str, obj: Any, types: tuple[type, ...]) -> list[tuple[str, Any]]:
+        """Return ``(path, object)`` for the objects of ``types`` in ``obj`` and its containers
+        (not through a callback's ``.model`` link)."""
+        return [
+            (path + suffix, found)
+            for suffix, found, link in self._walk(obj)
+            if not link and is_a(found, types)
+        ]
+
+    def callbacks(self, path: str, obj: Any) -> list[tuple[str, Any]]:
+        """Return ``(path, callback)`` for the callbacks in ``obj`` and its containers."""
+        return [
+            (path + suffix, found)
+            for suffix, found, link in self._walk(obj)
+            if not link and is_a(found, self._callbacks)
+        ]
+
+
+def _one_level(value: Any) -> list[tuple[str, Any]]:
+    """Return (suffix, item) one level into a container, an instance or a function (the
+    globals it names and its closure: what it calls or closes over)."""
+    if type(value) is pytypes.FunctionType:
+        return function_refs(value)
+    return items_of(value) or attributes(value)
+
+
+def instances_near(namespace: Mapping[str, Any], cls: type) -> list[tuple[str, Any]]:
+    """Return ``(first path, object)`` for each instance of ``cls`` bound to a user name or one
+    level in: a container's item, an instance's attribute, what a function names or closes
+    over (a ``tf.function`` a training helper calls)."""
+    found: dict[int, tuple[str, Any]] = {}
+    for name in [n for n in list(namespace) if is_user_name(n)]:
+        value = namespace.get(name)
+        if issubclass(type(value), cls):
+            found.setdefault(id(value), (name, value))
+            continue
+        for suffix, item in _one_level(value):
+            if issubclass(type(item), cls):
+                found.setdefault(id(item), (name + suffix, item))
+    return list(found.values())
 
 
 def namespace_models(namespace: Mapping[str, Any]) -> dict[int, tuple[str, Any]]:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import gc
 import sys
-import types as pytypes
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kerasmagic.backends.tensorflow.graph import CUSTOM_GRADIENT_PREFIX, gradient_registry
-from kerasmagic.walk.children import items_of
+from kerasmagic.walk.closures import closure_objects
 
 _PARKED = "_kerasmagic_parked_gradients"  # attribute on a graph: {name: registry entry}
 _SEARCH_DEPTH = 4
@@ -38,28 +37,11 @@ class PurgeResult:
     message: str | None = None
 
 
-def _objects_in(obj: Any, depth: int) -> Iterator[Any]:
-    """Yield what a gradient function holds through closures and containers (no user code)."""
-    yield obj
-    if depth <= 0:
-        return
-    if type(obj) is pytypes.FunctionType:
-        for cell in obj.__closure__ or ():
-            try:
-                content = cell.cell_contents
-            except ValueError:  # empty cell
-                continue
-            yield from _objects_in(content, depth - 1)
-    else:
-        for _, item in items_of(obj) or ():
-            yield from _objects_in(item, depth - 1)
-
-
 def _graphs_of(grad_fn: Any, graph_type: type) -> list[Any]:
     """Return the graphs whose tensors or ops a registered gradient function closes over."""
     graph_of = _graph_holders()
     graphs: dict[int, Any] = {}
-    for obj in _objects_in(grad_fn, _SEARCH_DEPTH):
+    for obj in closure_objects(grad_fn, _SEARCH_DEPTH, containers=True):
         if not graph_of or not issubclass(type(obj), graph_of):
             continue  # only TensorFlow's own tensors and ops are asked for their graph
         try:

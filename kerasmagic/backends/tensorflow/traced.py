@@ -9,8 +9,9 @@ exact; the bytes are an estimate (``OP_BYTES``), labelled as such wherever they 
 from __future__ import annotations
 
 import sys
-import types as pytypes
 from typing import Any
+
+from kerasmagic.walk.closures import closure_objects
 
 # Measured here (TF 2.21, Keras 3.15, CPU): Dense 256-256-10 fitted and predicted traces
 # 1,302 ops; dropping 8 such models freed 23.9 MB each, 1.1 MB of it weights and Adam state.
@@ -18,21 +19,13 @@ OP_BYTES = 16 * 1024
 FUNCTION_ATTRS = ("train_function", "test_function", "predict_function")
 
 
-def _tf_functions(obj: Any, depth: int = 0) -> list[Any]:
+def _tf_functions(obj: Any) -> list[Any]:
     """Return the ``tf.function`` objects in ``obj`` or in a Python function's closure."""
     module = sys.modules.get("tensorflow.python.eager.polymorphic_function.polymorphic_function")
     function_type = getattr(module, "Function", None)
-    if function_type is not None and issubclass(type(obj), function_type):
-        return [obj]
-    if type(obj) is not pytypes.FunctionType or depth >= 3:
+    if function_type is None:
         return []
-    found = []
-    for cell in obj.__closure__ or ():
-        try:
-            found += _tf_functions(cell.cell_contents, depth + 1)
-        except ValueError:  # an empty cell
-            continue
-    return found
+    return [o for o in closure_objects(obj, 3) if issubclass(type(o), function_type)]
 
 
 def _graph_ops(concrete: Any) -> int:

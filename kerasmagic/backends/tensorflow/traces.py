@@ -20,8 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kerasmagic.compat.reaches import works
-from kerasmagic.walk.children import attributes, function_refs, items_of
-from kerasmagic.walk.names import is_user_name
+from kerasmagic.walk.near import instances_near
 
 _FUNCTION = "tensorflow.python.eager.polymorphic_function.polymorphic_function"
 _CACHE = "tensorflow.core.function.polymorphism.function_cache"
@@ -37,27 +36,6 @@ def _tf_types() -> tuple[type, type] | None:
     if isinstance(function, type) and isinstance(cache, type):
         return function, cache
     return None
-
-
-def _children(value: Any) -> list[tuple[str, Any]]:
-    """Return (suffix, item) one level into a container, an instance or a function."""
-    if type(value) is pytypes.FunctionType:  # the tf.functions it calls or closes over
-        return function_refs(value)
-    return items_of(value) or attributes(value)
-
-
-def find_functions(ns: Mapping[str, Any], function_type: type) -> list[tuple[str, Any]]:
-    """Return (path, tf.function) reachable from user names, one level in (see module doc)."""
-    found: dict[int, tuple[str, Any]] = {}
-    for name in [n for n in list(ns) if is_user_name(n)]:
-        value = ns.get(name)
-        if issubclass(type(value), function_type):
-            found.setdefault(id(value), (name, value))
-            continue
-        for suffix, item in _children(value):
-            if issubclass(type(item), function_type):
-                found.setdefault(id(item), (name + suffix, item))
-    return list(found.values())
 
 
 def variable_ids(models: Iterable[Any]) -> set[int]:
@@ -206,7 +184,7 @@ def clear_stale_traces(
     function_type, cache_type = found
     stale_ids = variable_ids(stale) - variable_ids(kept)
     notes = []
-    for path, fn in find_functions(ns, function_type):
+    for path, fn in instances_near(ns, function_type):
         note = _clear(path, fn, cache_type, stale_ids)
         if note:
             notes.append(note)
