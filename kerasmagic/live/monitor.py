@@ -1,9 +1,10 @@
 """The live monitor: between-cell records, a background peak sampler, subscribers (views).
 
 ``pre_run_cell``/``post_run_cell`` take a cheap snapshot on the main thread (no gc scan, no
-function-library listing, no TF import). The sampler thread reads only RAM, NVML and TF's
-allocator, reuses the graph and Keras figures of the last main-thread snapshot (Keras's name
-counter is thread-local to the main thread) and never touches user objects.
+function-library listing, no TF import). The sampler thread reads only RAM, NVML and the
+backends' figures a thread can read (``Backend.refresh``: TF's allocator, its registry and
+function count), reuses the default graph's and Keras's figures of the last main-thread
+snapshot (both are per thread) and never touches user objects.
 """
 
 from __future__ import annotations
