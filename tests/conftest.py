@@ -161,9 +161,25 @@ def kernel_run(
 ) -> tuple[dict[str, Any], str]:
     """Run ``code``; return the execute reply's content and everything the cell printed.
 
-    ``stop_on_error=False`` for a cell meant to fail that the test follows at once: ipykernel
-    6.x aborts a request that arrives before it has stopped aborting after an error.
+    ipykernel 6.x aborts a request that arrives before it has stopped aborting after the
+    previous request's error (a window that closes on its next loop turn; on a busy machine a
+    test's next cell can land in it). An aborted request never ran, so it is sent again; a
+    test sees "aborted" only if that keeps happening. ``stop_on_error=False`` opens no window.
     """
+    for _ in range(ABORTED_RETRIES):
+        content, text = _run(client, code, timeout_s, on_busy, stop_on_error)
+        if content.get("status") != "aborted":
+            break
+        time.sleep(0.1)
+    return content, text
+
+
+ABORTED_RETRIES = 3
+
+
+def _run(
+    client: Any, code: str, timeout_s: float, on_busy: Any, stop_on_error: bool
+) -> tuple[dict[str, Any], str]:
     msg_id = client.execute(code, stop_on_error=stop_on_error)
     text, deadline = [], time.monotonic() + timeout_s
     while time.monotonic() < deadline:
