@@ -213,29 +213,21 @@ def active() -> list[Backend]:
     return [b for b in (get(n) for n in names) if attempt(b.in_use, False, f"{b.name}.in_use")]
 
 
-def read_active(light: bool = False) -> tuple[BackendInfo, ...]:
-    """Read every backend in use; ``light`` leaves out the figures that are slow to read."""
+def read_active(
+    light: bool = False, earlier: Sequence[BackendInfo] | None = None
+) -> tuple[BackendInfo, ...]:
+    """Read every backend in use; ``light`` leaves out the figures that are slow to read.
+    From a background thread, ``earlier`` (the last readings) gives what the thread cannot
+    read afresh (TensorFlow's default graph is per thread): ``Backend.refresh``."""
+    before = {info.name: info for info in earlier or ()}
     out = []
     for b in active():
-        read = b.read_light if light and b.read_light is not None else b.read
-        info = attempt(read, None, f"{b.name}.read")
-        if info is not None:
-            out.append(info)
-    return tuple(out)
-
-
-def refresh_active(earlier: Sequence[BackendInfo]) -> tuple[BackendInfo, ...]:
-    """Read every backend in use from a background thread: what the thread cannot read afresh
-    (TensorFlow's default graph is per thread) is taken from ``earlier``'s readings."""
-    before = {info.name: info for info in earlier}
-    out = []
-    for b in active():
-        base = before.get(b.name)
-        refresh = b.refresh
-        if refresh is not None and base is not None:
-            info = attempt(functools.partial(refresh, base), None, f"{b.name}.read")
+        base, refresh = before.get(b.name), b.refresh
+        if earlier is not None and refresh is not None and base is not None:
+            read: Callable[[], BackendInfo] = functools.partial(refresh, base)
         else:
-            info = attempt(b.read_light or b.read, None, f"{b.name}.read")
+            read = b.read_light if (light or earlier is not None) and b.read_light else b.read
+        info = attempt(read, None, f"{b.name}.read")
         if info is not None:
             out.append(info)
     return tuple(out)
@@ -326,8 +318,8 @@ def clear_traces(
 
 def traced(model: Any) -> tuple[int | None, int | None]:
     """Return the ops its backend traced for ``model`` and their estimated bytes, if known."""
+    none: tuple[int | None, int | None] = (None, None)
     for b in active():
-        none: tuple[int | None, int | None] = (None, None)
         ops, size = attempt(functools.partial(b.traced, model), none, f"{b.name}.traced")
         if ops is not None:
             return ops, size

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kerasmagic import backends
-from kerasmagic.backends import allocated, collect_active, release_active
 from kerasmagic.cleanup.backend import reset_backend
 from kerasmagic.cleanup.holders import holder_paths, referrer_kinds
 from kerasmagic.cleanup.loops import Freezer
@@ -74,7 +73,7 @@ def reset_backends(run: Run) -> None:
 def collect(run: Run) -> None:
     """The one collection, each backend's work around it (TF's gradient registry purged)."""
     Freezer.thaw()  # a loop froze the old objects: a cleanup looks at everything
-    run.released += collect_active()
+    run.released += backends.collect_active()
 
 
 def survivors(run: Run) -> None:
@@ -84,13 +83,13 @@ def survivors(run: Run) -> None:
     by_error = any(label.startswith("sys.last") for label in run.dropped)
     if run.not_freed and by_error and drop_stored_errors(run.shell):
         run.notes.append("dropped the stored error too: it held a model (%tb has nothing to show)")
-        run.released += collect_active()
+        run.released += backends.collect_active()
         run.not_freed = _survivors(run.watched, run.ns)
 
 
 def release_backends(run: Run) -> None:
     """After the collection: cached device blocks no tensor uses go back to the driver."""
-    release_active()
+    backends.release_active()
 
 
 def trim_heap(run: Run) -> None:
@@ -111,7 +110,7 @@ STEPS: tuple[Callable[[Run], None], ...] = (
 
 def run_steps(run: Run) -> None:
     """Run every step in order, timing each."""
-    run.rss_before, run.tf_before = read_ram().rss_bytes, allocated("tensorflow")
+    run.rss_before, run.tf_before = read_ram().rss_bytes, backends.allocated("tensorflow")
     for step in STEPS:
         start = time.perf_counter()
         step(run)

@@ -34,25 +34,20 @@ class ModeGuard:
     put back what a cell that failed left switched, and print what it did."""
 
     def __init__(self) -> None:
+        self.modes = [(name, m) for name in NAMES if (m := get(name).modes) is not None]
         self.before: dict[str, object] = {}
 
     def pre_run_cell(self, info: Any) -> None:
-        self.before = {
-            name: attempt(modes.read, None, f"{name}.modes")
-            for name in NAMES
-            if (modes := get(name).modes) is not None
-        }
+        self.before = {name: attempt(m.read, None, f"{name}.modes") for name, m in self.modes}
 
     def post_run_cell(self, result: Any) -> None:
         before, self.before = self.before, {}
         failed = getattr(result, "error_in_exec", None) is not None
-        for name in NAMES:
-            modes = get(name).modes
-            if modes is not None:
-                put_back = functools.partial(modes.put_back, before.get(name), failed)
-                said: list[str] = attempt(put_back, [], f"{name}.modes")
-                for line in said:
-                    print(line)
+        for name, m in self.modes:
+            put_back = functools.partial(m.put_back, before.get(name), failed)
+            said: list[str] = attempt(put_back, [], f"{name}.modes")
+            for line in said:
+                print(line)
 
 
 def load(state: ShellState) -> ModeGuard:

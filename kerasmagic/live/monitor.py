@@ -20,7 +20,7 @@ from typing import Any
 from traitlets import Float, Int
 from traitlets.config import Configurable
 
-from kerasmagic.backends import keras_backend, refresh_active
+from kerasmagic.backends import keras_backend, read_active
 from kerasmagic.interrupts.held import (
     held_interrupts,
     interrupt_finished_cell,
@@ -278,5 +278,5 @@ def _refreshed(base: MemorySnapshot, ram: Any, gpu: Any) -> MemorySnapshot:
         ram=ram,
         gpu=gpu,
         keras_backend=keras_backend(),
-        backends=refresh_active(base.backends),
+        backends=read_active(earlier=base.backends),
     )
