@@ -112,8 +112,11 @@ def test_the_colab_example_runs_as_written(
     hand, ours = fold_mb(by_hand), fold_mb(fresh)
     assert len(hand) == len(ours) == 5, (by_hand, fresh)
     assert all(b > a + 10 for a, b in itertools.pairwise(hand)), hand  # +1 model
-    # flat from the second fold (within tf.data's prefetch buffers; a model is ~14 MB)
-    assert max(ours[1:]) - min(ours[1:]) < 5, ours
+    # Flat from the second fold: under one model (~14 MB), where a fold that kept its model
+    # would add one per fold. After fit the figure moves by a few MB with timing (Keras's
+    # input pipeline keeps shuffled copies in flight; 13.3-17.6 MB in example 01's runs).
+    one_model = min(b - a for a, b in itertools.pairwise(hand))
+    assert max(ours[1:]) - min(ours[1:]) < one_model, (ours, hand)
     assert ours[-1] < hand[-1] / 2, (hand, ours)
     freed = re.search(r"kerasmagic: freed .* ([\d.]+) MB of TensorFlow tensors", fresh)
     assert freed is not None and float(freed[1]) > hand[-1] - hand[0], fresh
