@@ -22,7 +22,7 @@ import kerasmagic
 
 REPEATS = 15
 SLEEP_S = 1.0
-CHILD_MODULES = "kerasmagic.isolate._child, kerasmagic.isolate.transport, cloudpickle"
+CHILD_MODULES = "kerasmagic.isolate.child, cloudpickle"
 
 
 def noop() -> None:

@@ -37,7 +37,7 @@ RESULTS = Path(__file__).parent / "results"
 SETUP = """
 import os, numpy as np, keras, tensorflow as tf
 from tensorflow.python.eager import context
-from kerasmagic.backends.tensorflow.graph import custom_gradient_count
+from kerasmagic.backends.tensorflow.graphs import custom_gradient_count
 rng = np.random.default_rng(0)
 x = rng.random(({samples}, 100), dtype=np.float32); y = rng.integers(0, 10, {samples})
 starts = []  # TF's allocator as each re-run's own code starts (after any cleanup)

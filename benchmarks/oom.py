@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from leak_loop import _execute
 
-from kerasmagic._demo_folds import CAP_ENV, CAP_MB, FOLD, FOLDS, HAND, PLAIN, SETUP
+from kerasmagic._demo import CAP_ENV, CAP_MB, FOLD, FOLDS, HAND, PLAIN, SETUP
 
 RESULTS = Path(__file__).parent / "results"
 MB = 2**20

@@ -4,6 +4,7 @@ The parts are modules listed in ``PARTS``, loaded in that order (a part may use 
 before it: the sidebar shows the live monitor) and unloaded in reverse. Each has
 ``load(state) -> handle`` and ``unload(state, handle)``; the handle is kept in the shell's
 ``ShellState``. A part that fails to load rolls the whole load back, so a retry starts clean.
+A ``module:Class`` entry names the class in the module that has the two.
 """
 
 from __future__ import annotations
@@ -14,22 +15,22 @@ import sys
 from typing import Any
 
 from kerasmagic import backends
-from kerasmagic.cells.runner import RUNNERS
+from kerasmagic.cells.run import RUNNERS
+from kerasmagic.cleanup import pin_mmap_threshold
 from kerasmagic.compat import notes_at_load, say_once, unwatch, watch
-from kerasmagic.native.heap import pin_mmap_threshold
 from kerasmagic.shellstate import ShellState, any_loaded, forget, register, state_of
 
 PARTS: tuple[tuple[str, str], ...] = (
-    ("oom", "kerasmagic.oom.part"),  # explains an OOM: before the monitor, whose record carries it
+    ("oom", "kerasmagic.oom.explain"),  # explains an OOM; before the monitor, whose record has it
     ("live", "kerasmagic.live"),  # the per-cell monitor
     ("sidebar", "kerasmagic.views.comm"),  # shows the monitor: after it
     ("loops", "kerasmagic.cleanup.loops"),
-    ("cells", "kerasmagic.cells.compiler"),  # the cells compiled for %%fresh_model
-    ("check", "kerasmagic.cells.precheck"),  # refuses a body that does not compile: first
-    ("await", "kerasmagic.cells.awaiting"),
-    ("lost_interrupts", "kerasmagic.interrupts.lost"),
-    ("modes", "kerasmagic.interrupts.modes"),
-    ("kernelguard", "kerasmagic.interrupts.kernelguard"),  # last: its callbacks run after all
+    ("cells", "kerasmagic.cells.run:CellCache"),  # the cells compiled for %%fresh_model
+    ("check", "kerasmagic.cells.run:CompileCheck"),  # refuses a body that does not compile: first
+    ("await", "kerasmagic.cells.run:AwaitTransformer"),
+    ("lost_interrupts", "kerasmagic.interrupts.watch"),
+    ("modes", "kerasmagic.interrupts.guard:ModeGuard"),
+    ("kernelguard", "kerasmagic.interrupts.guard:KernelGuard"),  # last: its callbacks run after all
 )
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def load(shell: Any) -> None:
     try:
         shell.register_magics(magics)
         for name, module in PARTS:
-            state.parts[name] = importlib.import_module(module).load(state)
+            state.parts[name] = _part(module).load(state)
     except BaseException:
         _unload(state)  # never half loaded: a retry starts from nothing
         raise
@@ -71,7 +72,7 @@ def _unload(state: ShellState) -> None:
     """Unload the parts loaded so far (newest first), the magics, then the state itself."""
     for name, module in reversed(PARTS):
         if name in state.parts:
-            importlib.import_module(module).unload(state, state.parts.pop(name))
+            _part(module).unload(state, state.parts.pop(name))
     shell, magics = state.shell, state.magics
     manager = shell.magics_manager
     for kind, names in magics.magics.items():
@@ -89,6 +90,13 @@ def _unload(state: ShellState) -> None:
         backends.detach()
         if "kerasmagic.probes.nvml" in sys.modules:  # never imported: nothing to stop
             sys.modules["kerasmagic.probes.nvml"].stop()
+
+
+def _part(path: str) -> Any:
+    """Return the module ``path`` names, or the class in it after a colon (``module:Class``)."""
+    module, _, attribute = path.partition(":")
+    found = importlib.import_module(module)
+    return getattr(found, attribute) if attribute else found
 
 
 def _owner(manager: Any, kind: str, name: str) -> Any:

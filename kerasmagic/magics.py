@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import difflib
 import json
+import keyword
 import logging
+import shlex
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -14,20 +19,15 @@ from IPython.display import display
 from traitlets import Bool, Int, TraitError, observe, validate
 
 from kerasmagic.backends import configure_gpus, reset_peaks
-from kerasmagic.cells import runner
-from kerasmagic.cells.awaiting import no_result
-from kerasmagic.cells.compiler import compile_cell, transformed_body
-from kerasmagic.cells.reads import rebound_now
-from kerasmagic.cleanup import last_report, reset
+from kerasmagic.cells import run as runner
+from kerasmagic.cells.rebinding import rebound_now
+from kerasmagic.cells.run import compile_cell, no_result, transformed_body
+from kerasmagic.cleanup import MAX_MB, last_report, pin_mmap_threshold, report_text, reset
 from kerasmagic.cleanup.holders import live_models
-from kerasmagic.cleanup.report import report_text
-from kerasmagic.compat import check_now, reaches
+from kerasmagic.compat import check_now, registry
 from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.live import CellRecord, get_monitor
-from kerasmagic.magicargs import keep_names, megabytes, parse_line
-from kerasmagic.native.heap import MAX_MB, pin_mmap_threshold
-from kerasmagic.probes import read_ram
-from kerasmagic.probes.variables import largest_variables
+from kerasmagic.probes import largest_variables, read_ram
 from kerasmagic.snapshot import take_snapshot
 from kerasmagic.views.render import (
     Table,
@@ -41,6 +41,85 @@ from kerasmagic.views.render import (
 ISOLATE_FLAGS = ("inputs", "outputs", "timeout", "gpus", "on")
 
 log = logging.getLogger(__name__)
+
+
+# -- parsing magic lines: every bad line becomes one short UsageError line --------------------
+MAX_MESSAGE = 200  # characters of user input echoed back in an error
+MAX_LIMIT_MB = 10**7  # 10 TB: beyond any GPU, below TensorFlow's integer limits
+# shlex reads a word a character at a time into a growing string: quadratic, 3 s for a 400 KB
+# word and hours for 100 MB. No line of options comes near this; a longer one is refused.
+MAX_LINE_CHARS = 100_000
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + "..."
+
+
+def parse_line(magic: Any, line: str, cell: bool = False) -> argparse.Namespace | None:
+    """Parse ``line`` with ``magic``'s ``@argument`` parser, shell-style (``--gpus ""`` is empty).
+
+    IPython's own ``parse_argstring`` keeps quote characters (``'""'``) and raises a bare
+    ``ValueError`` on an unbalanced quote; this raises ``UsageError`` for every bad line.
+    A valid line with ``-h``/``--help`` prints the help and returns None: run nothing.
+    """
+    if len(line) > MAX_LINE_CHARS:
+        msg = f"the magic line has {len(line):,} characters; at most {MAX_LINE_CHARS:,} are read"
+        raise UsageError(msg)
+    try:
+        argv = shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"cannot read the magic line: {exc}") from None
+    try:
+        namespace: argparse.Namespace = magic.parser.parse_args(argv)
+    except UsageError as exc:
+        raise UsageError(_short(str(exc))) from None
+    if getattr(namespace, "help", False):
+        print(help_text(magic, cell))
+        return None
+    return namespace
+
+
+def help_text(magic: Any, cell: bool = False) -> str:
+    """Return ``magic``'s usage, description and options (what ``%magic?`` shows)."""
+    text: str = magic.parser.format_help()
+    # IPython's formatter writes reST for docstrings (``::`` then the usage) and one ``%``
+    # whatever the kind of magic; a printed help reads ``usage: %%fresh_model [...]``.
+    head, _, rest = text.partition(f"%{magic.parser.prog}")
+    prefix = "%%" if cell else "%"
+    return f"usage: {prefix}{magic.parser.prog}{rest}" if head.strip(" \n:") == "" else text
+
+
+def megabytes(text: str) -> int:
+    """Return a ``--limit`` value: a whole number of megabytes from 1 to 10,000,000."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_LIMIT_MB:
+        msg = f"expected a whole number of megabytes from 1 to {MAX_LIMIT_MB}, got {text!r}"
+        raise argparse.ArgumentTypeError(_short(msg))
+    return value
+
+
+def keep_names(raw: Iterable[str], known: Collection[str], assigned: Collection[str]) -> list[str]:
+    """Split ``--keep a,b c`` into names; refuse non-names and names that exist nowhere.
+
+    A name is accepted if the namespace has it (``known``) or the cell assigns it; anything
+    else is a typo, refused with the closest namespace name, so no model is dropped by mistake.
+    """
+    names = [name for item in raw for name in item.split(",") if name]
+    for name in names:
+        if not name.isidentifier() or keyword.iskeyword(name):
+            raise UsageError(_short(f"--keep: {name!r} is not a Python name"))
+        if name not in known and name not in assigned:
+            raise UsageError(_short(f"--keep: no variable {name!r}{_did_you_mean(name, known)}"))
+    return names
+
+
+def _did_you_mean(name: str, known: Collection[str]) -> str:
+    close = difflib.get_close_matches(name, [k for k in known if not k.startswith("_")], n=1)
+    return f"; did you mean {close[0]!r}?" if close else " in the namespace"
 
 
 @magics_class
@@ -115,8 +194,17 @@ class KerasMagics(Magics):
         args = parse_line(self.gpu_mem, line)
         if args is None:  # --help: printed
             return
-        if args.live or args.history or args.plot:
-            from kerasmagic.views.liveview import show
+        views = [f"--{v}" for v in ("live", "history", "plot") if getattr(args, v)]
+        flags = ("json", "deep", "growth", "reset_peak")
+        others = [f"--{o.replace('_', '-')}" for o in flags if getattr(args, o)]
+        others += ["--limit"] if args.limit is not None else []
+        if views and others:
+            raise UsageError(
+                f"kerasmagic: {views[0]} shows a view and cannot be combined with {others[0]}: "
+                "run them as two lines"
+            )
+        if views:
+            from kerasmagic.views.render import show
 
             show(self.ip, live=args.live, history=args.history, plot=args.plot)
             return
@@ -142,10 +230,10 @@ class KerasMagics(Magics):
             if models is not None and data_vars is not None:
                 data["models"] = [dataclasses.asdict(m) for m in models]
                 data["variables"] = [dataclasses.asdict(v) for v in data_vars]
-            data["off"] = [found.to_dict() for found in reaches.off()]
+            data["off"] = [found.to_dict() for found in registry.off()]
             print(json.dumps(data, indent=1))
             return
-        rows = snapshot_rows(snap) + off_rows(reaches.off())
+        rows = snapshot_rows(snap) + off_rows(registry.off())
         display(Table(f"kerasmagic: memory of kernel pid {snap.pid}", rows))
         if models is not None and data_vars is not None:
             rows = model_rows(models) + freed_row(last_report())
@@ -196,7 +284,7 @@ class KerasMagics(Magics):
         if args is None:  # --help: printed, the cell not run
             return no_result(self.ip, cell)
         if args.isolate:
-            from kerasmagic.isolate.magic import run_cell_isolated
+            from kerasmagic.isolate.api import run_cell_isolated
 
             return run_cell_isolated(self.ip, args, cell)
         if any(getattr(args, name) is not None for name in ISOLATE_FLAGS):

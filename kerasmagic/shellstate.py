@@ -8,10 +8,7 @@ shows) instead of in a registry of its own. Importing this module imports no par
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from kerasmagic.cleanup.report import CleanupReport
+from typing import Any
 
 
 @dataclass
@@ -23,7 +20,7 @@ class ShellState:
     shell: Any
     magics: Any
     parts: dict[str, Any] = field(default_factory=dict)
-    last_report: CleanupReport | None = None
+    last_report: Any = None  # the last cleanup's ``cleanup.CleanupReport`` (a layer above)
 
     def part(self, name: str) -> Any | None:
         """Return what the part called ``name`` keeps for this shell, or None if not loaded."""

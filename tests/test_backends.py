@@ -199,7 +199,7 @@ def test_jax_settings_before_and_after_jax_starts() -> None:
 
 LEGACY = """
 import json, tensorflow as tf
-from kerasmagic.probes.keras_state import name_counter
+from kerasmagic.probes import name_counter
 from kerasmagic.cleanup import reset_backend
 layers = [tf.keras.layers.Dense(2) for _ in range(3)]
 grown = name_counter()

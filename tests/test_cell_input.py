@@ -28,9 +28,9 @@ from IPython.utils.capture import capture_output
 from jupyter_client.manager import start_new_kernel
 from shared_cells import INTERRUPT_IN_GC_CALLBACK
 
-from kerasmagic.cells.awaiting import AwaitTransformer
-from kerasmagic.cells.parse import rebound_names
-from kerasmagic.magicargs import parse_line
+from kerasmagic.cells.rebinding import rebound_names
+from kerasmagic.cells.run import AwaitTransformer
+from kerasmagic.magics import parse_line
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

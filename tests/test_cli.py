@@ -14,9 +14,8 @@ import time
 import psutil
 import pytest
 
-from kerasmagic._cli import main
+from kerasmagic._cli import StepProgress, bar, main, remaining_s
 from kerasmagic._demo import run_variant_process
-from kerasmagic._progress import StepProgress, bar, remaining_s
 
 CLI = [sys.executable, "-m", "kerasmagic._cli"]
 

@@ -25,11 +25,17 @@ from IPython.core.interactiveshell import InteractiveShell
 from tornado.ioloop import IOLoop
 
 from kerasmagic.cleanup import CleanupReport, reset
-from kerasmagic.cleanup.scan import DeepScan, deep_scan
+from kerasmagic.cleanup.holders import DeepScan, deep_scan
 from kerasmagic.live import get_monitor
 from kerasmagic.snapshot import SCHEMA_VERSION, MemorySnapshot
-from kerasmagic.views.comm import MAX_ID_CHARS, MIN_PUSH_INTERVAL_S, PROTOCOL, TARGET, Sidebar
-from kerasmagic.views.commjobs import GATHER_S
+from kerasmagic.views.comm import (
+    GATHER_S,
+    MAX_ID_CHARS,
+    MIN_PUSH_INTERVAL_S,
+    PROTOCOL,
+    TARGET,
+    Sidebar,
+)
 
 
 class RecordingComm(BaseComm):

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from conftest import real_kernel
 
-from kerasmagic.views.commproto import PROTOCOL
+from kerasmagic.views.protocol import PROTOCOL
 
 pytestmark = pytest.mark.slow
 

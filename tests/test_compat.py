@@ -9,9 +9,15 @@ from types import SimpleNamespace
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from kerasmagic.compat import notes_at_load
-from kerasmagic.compat.sidebar import LINE, missing_sidebar
-from kerasmagic.compat.versions import FLOORS, installed, parse, too_old
+from kerasmagic.compat import (
+    FLOORS,
+    LINE,
+    installed,
+    missing_sidebar,
+    notes_at_load,
+    parse,
+    too_old,
+)
 
 
 def test_versions_parse_as_release_numbers() -> None:

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from kerasmagic.cells.parse import rebinding_in, rebound_names
-from kerasmagic.cells.reads import rebound_now
+from kerasmagic.cells.rebinding import rebinding_in, rebound_names, rebound_now
 from kerasmagic.snapshot import SCHEMA_VERSION, MemorySnapshot, diff, take_snapshot
 
 
@@ -103,12 +102,12 @@ def test_a_failing_read_walk_keeps_the_names_it_had_not_decided(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Whatever goes wrong in the walk, the cell still runs and nothing undecided is dropped."""
-    import kerasmagic.walk.reads as globalreads
+    from kerasmagic.walk import near
 
     def broken(code: object) -> frozenset[str]:
         raise RuntimeError("an object no walk foresaw")
 
-    monkeypatch.setattr(globalreads, "_globals_of", broken)
+    monkeypatch.setattr(near, "_globals_of", broken)
     ns: dict[str, object] = {}
     exec(NOTEBOOK, ns)
     cell = "model = 1\nbest = current()\nhistory = 2"
@@ -154,7 +153,8 @@ def test_import_touches_neither_tensorflow_nor_nvml() -> None:
 
 def test_fast_model_count_agrees_with_the_path_walk() -> None:
     keras = pytest.importorskip("keras")
-    from kerasmagic.walk.near import count_models, namespace_models
+    from kerasmagic.walk.near import count_models, walk
+    from kerasmagic.walk.state import callback_types, model_types, scan_order
 
     models = [keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]) for _ in range(4)]
     history = keras.callbacks.History()
@@ -166,7 +166,13 @@ def test_fast_model_count_agrees_with_the_path_walk() -> None:
         "Out": {3: models[0]},
         "numbers": list(range(10_000)),
     }
-    assert count_models(ns) == len(namespace_models(ns)) == 4
+    walked = {
+        id(obj)
+        for name in scan_order(ns)
+        for _, obj in walk(name, ns.get(name), callback_types())
+        if isinstance(obj, model_types())
+    }
+    assert count_models(ns) == len(walked) == 4
 
 
 def test_counts_read_as_english() -> None:
@@ -182,7 +188,7 @@ def test_as_dict_returns_what_dataclasses_asdict_returns() -> None:
     """The snapshot's fast ``as_dict`` (serialised after every cell) equals ``asdict``."""
     import dataclasses
 
-    from kerasmagic.plain import as_dict
+    from kerasmagic.snapshot import as_dict
 
     @dataclasses.dataclass
     class Leaf:
@@ -213,7 +219,7 @@ def test_a_post_import_hook_runs_after_the_module_and_goes_away(
     import importlib.machinery
     import inspect
 
-    from kerasmagic.onimport import AfterImport
+    from kerasmagic.imports import AfterImport
 
     (tmp_path / "km_hooked.py").write_text("VALUE = 41\n")
     (tmp_path / "km_failing.py").write_text("VALUE = 1\n")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kerasmagic._demo_folds import FOLDS, run_variant_process
+from kerasmagic._demo import FOLDS
+from kerasmagic._demo import run_folds_process as run_variant_process
 
 MB = 2**20
 

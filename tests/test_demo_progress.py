@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from kerasmagic._cli import StepProgress
 from kerasmagic._demo import VARIANTS
-from kerasmagic._progress import StepProgress
 
 LABELS = [f"[{i}/{len(VARIANTS)}] {label}" for i, label in enumerate(VARIANTS.values(), start=1)]
 

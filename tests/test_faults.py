@@ -23,7 +23,7 @@ from jupyter_client.manager import KernelManager
 
 from kerasmagic.backends import tensorflow as tf_backend
 from kerasmagic.backends import torch as torch_backend
-from kerasmagic.views.commproto import PROTOCOL
+from kerasmagic.views.protocol import PROTOCOL
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +83,7 @@ OPEN = (  # the kernel's comm manager: the comm package's, or ipykernel 6.17's o
     "for o in gc.get_objects()), sorted(t.name for t in threading.enumerate()), "
     "len(comms.comm_manager(get_ipython()).comms)])"
     "(__import__('gc'), __import__('threading'), "
-    "__import__('kerasmagic.views.commmanager').views.commmanager)"
+    "__import__('kerasmagic.views.comm').views.comm)"
 )
 
 

@@ -11,7 +11,7 @@ from conftest import run
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from kerasmagic.backends.tensorflow.graph import custom_gradient_count
+from kerasmagic.backends.tensorflow.graphs import custom_gradient_count
 
 
 def ref_to(shell: InteractiveShell, expr: str) -> weakref.ref[object]:
@@ -281,7 +281,7 @@ def test_help_is_generated(ip: InteractiveShell) -> None:
 
 
 def test_unload_removes_magics(ip: InteractiveShell) -> None:
-    from kerasmagic.onimport import AfterImport
+    from kerasmagic.imports import AfterImport
 
     def hooks() -> int:  # the loop guard's (Keras's optimizers), compat's (the frameworks)
         return sum(isinstance(finder, AfterImport) for finder in sys.meta_path)

@@ -71,7 +71,7 @@ def test_growth_before_and_after_the_runtime_starts() -> None:
 
 
 def test_allocator_figures_and_freeing_on_gpu(kip: InteractiveShell) -> None:
-    from kerasmagic.backends.tensorflow.alloc import read_tf
+    from kerasmagic.backends.tensorflow.runtime import read_tf
 
     run(kip, "big = build(4096)\nbig.fit(x, y, verbose=0)")
     in_use = read_tf().devices[0].current_bytes
@@ -243,7 +243,7 @@ import json, kerasmagic.backends as c
 said = c.configure_gpus(limit_mb=1536)
 import tensorflow as tf
 from kerasmagic.oom.batch import device_meter
-from kerasmagic.oom.limits import device_limit
+from kerasmagic.backends.oom import device_limit
 from kerasmagic.probes import read_gpus
 limit = device_limit("tensorflow", "GPU:0", read_gpus().devices)
 tf.ones((1024, 1024))  # starts the runtime: the cap stays the limit

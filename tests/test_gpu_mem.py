@@ -193,6 +193,16 @@ def test_bad_options(ip: InteractiveShell, line: str) -> None:
     assert "\n" not in str(err.value).strip()
 
 
+@pytest.mark.parametrize("line", ["--live --json", "--history --deep", "--plot --limit 100"])
+def test_a_view_flag_with_another_is_refused(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str], line: str
+) -> None:
+    """A view (--live, --history, --plot) used to return early and drop the other flag."""
+    with pytest.raises(UsageError, match="cannot be combined with --"):
+        ip.run_line_magic("gpu_mem", line)
+    assert capsys.readouterr().out == ""  # nothing shown, nothing configured
+
+
 def test_help(ip: InteractiveShell) -> None:
     doc = ip.find_line_magic("gpu_mem").__doc__ or ""
     assert all(flag in doc for flag in ("--json", "--reset-peak", "--deep", "--growth", "--limit"))

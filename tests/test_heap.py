@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kerasmagic.native import heap
+from kerasmagic import cleanup as heap
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 PROBE = """
 import ctypes, json, sys
 sys.path.insert(0, {root!r})
-from kerasmagic.native import heap
+from kerasmagic import cleanup as heap
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
                 "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -28,13 +28,14 @@ said = heap.pin_mmap_threshold({mb})
 big = bytearray(24 << 20); del big          # a freed mmapped block: the dynamic threshold rises
 before = libc.mallinfo2().hblkhd
 block = bytearray(8 << 20)
-print(json.dumps([said, (libc.mallinfo2().hblkhd - before) >> 20, heap.pinned_mb()]))
+print(json.dumps([said, (libc.mallinfo2().hblkhd - before) >> 20, heap._pinned_mb]))
 """
 
 
 def probe(mb: int, **env: str) -> list[object]:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    clean = {k: v for k, v in os.environ.items() if k not in heap.ENV_SETTINGS}
+    own = ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")  # the user's own malloc settings
+    clean = {k: v for k, v in os.environ.items() if k not in own}
     out = subprocess.run(
         [sys.executable, "-c", PROBE.format(root=root, mb=mb)],
         env={**clean, **env}, capture_output=True, text=True, timeout=60, check=True,
@@ -63,8 +64,8 @@ def test_load_pins_and_the_config_can_turn_it_off() -> None:
         "ip = start_ipython()\n"
         "ip.config.KerasMagics.mmap_threshold_mb = {mb}\n"
         "ip.run_line_magic('load_ext', 'kerasmagic')\n"
-        "from kerasmagic.native import heap\n"
-        "print(heap.pinned_mb())\n"
+        "from kerasmagic import cleanup as heap\n"
+        "print(heap._pinned_mb)\n"
     )
     for mb, expected in ((4, "4"), (0, "None"), (16, "16")):
         out = subprocess.run(

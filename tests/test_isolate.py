@@ -18,8 +18,8 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import kerasmagic
-from kerasmagic.isolate import transport
-from kerasmagic.isolate.outcome import IsolatedCrash, IsolatedError, IsolatedTimeout
+from kerasmagic.isolate import child, runner
+from kerasmagic.isolate.runner import IsolatedCrash, IsolatedError, IsolatedTimeout
 
 
 def _error(ip: InteractiveShell, cell: str) -> BaseException:
@@ -128,10 +128,10 @@ def test_big_array_round_trip_through_shared_memory(ip: InteractiveShell) -> Non
 
 def test_transport_keeps_big_buffers_out_of_the_stream(tmp_path: Path) -> None:
     data = {"a": np.ones(2_000_000), "small": np.arange(3), "text": "t"}
-    transport.dump(data, tmp_path / "obj")
+    child.dump(data, tmp_path / "obj")
     assert (tmp_path / "obj").stat().st_size < 100_000
     assert (tmp_path / "obj.0").stat().st_size == 16_000_000
-    back = transport.load(tmp_path / "obj")
+    back = child.load(tmp_path / "obj")
     assert back["a"].sum() == 2_000_000 and back["small"].tolist() == [0, 1, 2]
     back["a"][0] = 5  # copy-on-write mapping: writable
     assert not (tmp_path / "obj.0").exists()
@@ -261,7 +261,7 @@ def test_tensorflow_log_lines_stay_out_of_the_cell(
 
 
 def test_log_filter_drops_only_tf_lines_below_the_level() -> None:
-    from kerasmagic.isolate.tflog import LogFilter
+    from kerasmagic.isolate.runner import LogFilter
 
     absl = (
         "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
@@ -285,13 +285,13 @@ def test_log_filter_drops_only_tf_lines_below_the_level() -> None:
 def test_folders_of_dead_kernels_are_removed_by_the_next_run() -> None:
     gone = psutil.Popen(["true"])
     gone.wait()
-    base = transport.workdir().parent
+    base = runner.workdir().parent
     stale, live = base / f"kerasmagic-{gone.pid}-old", base / f"kerasmagic-{os.getpid()}-live"
     for folder in (stale, live):
         folder.mkdir()
         (folder / "call").write_bytes(b"x" * 1000)
     try:
-        fresh = transport.workdir()
+        fresh = runner.workdir()
         assert not stale.exists() and live.exists() and fresh.exists()
     finally:
         for folder in (stale, live, fresh):
@@ -306,13 +306,13 @@ def test_the_child_runs_the_kernels_own_kerasmagic_when_another_comes_first(
     import subprocess
     import sys
 
-    from kerasmagic.isolate._guard import PRELUDE
+    from kerasmagic.isolate.child import PRELUDE
 
     other = tmp_path / "kerasmagic"
     other.mkdir()
     (other / "__init__.py").write_text("raise ImportError('the other copy was imported')\n")
     root = str(Path(kerasmagic.__file__).resolve().parents[1])
-    code = PRELUDE + "print(sys.modules['kerasmagic.isolate._guard'].__file__)\n"
+    code = PRELUDE + "print(sys.modules['kerasmagic.isolate.child'].__file__)\n"
     done = subprocess.run(
         [sys.executable, "-c", code, root, str(tmp_path)],
         capture_output=True,
@@ -320,4 +320,4 @@ def test_the_child_runs_the_kernels_own_kerasmagic_when_another_comes_first(
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(Path(root) / "kerasmagic" / "isolate" / "_guard.py")
+    assert done.stdout.strip() == str(Path(root) / "kerasmagic" / "isolate" / "child.py")

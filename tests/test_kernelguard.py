@@ -363,15 +363,15 @@ def test_ctrl_c_in_tensorflows_dtype_max_stops_the_cell(client: Any, dtype_call:
 
 
 PRETEND = """
-import kerasmagic.interrupts.pyversions as _pyversions
-_pyversions.RUNNING, _pyversions._told = {running!r}, False
+import kerasmagic.interrupts.watch as _watch
+_watch.RUNNING, _watch._told = {running!r}, False
 get_ipython().run_line_magic("unload_ext", "kerasmagic")
 get_ipython().run_line_magic("load_ext", "kerasmagic")
 """
 
 
 def test_on_a_python_not_checked_a_swallowed_ctrl_c_is_left_to_python(client: Any) -> None:
-    """The seam (``pyversions.RUNNING``) set to 3.14 in the kernel: one line at load, and a
+    """The seam (``watch.RUNNING``) set to 3.14 in the kernel: one line at load, and a
     Ctrl-C a library's bare except drops is dropped, as without kerasmagic."""
     _, told = kernel_run(client, PRETEND.format(running=("cpython", (3, 14))))
     swallowed, text = kernel_run(

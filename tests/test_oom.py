@@ -15,7 +15,7 @@ import pytest
 from conftest import kernel_run, kernel_value, real_kernel, run
 from IPython.core.interactiveshell import InteractiveShell
 
-from kerasmagic.oom.detect import find_oom
+from kerasmagic.backends.oom import find_oom
 
 TF_GPU_OOM = (
     "OOM when allocating tensor with shape[128,4096] and type float on "
@@ -274,6 +274,11 @@ def test_the_batch_finder_says_why_it_cannot_measure(
 
     run(kip, "m = build()")
     model, x = kip.user_ns["m"], kip.user_ns["x"]
+    given = batch.measure_batch(model, x, kip.user_ns["y"], limit_mb=1)  # MB, as elsewhere
+    assert given.limit_bytes == 2**20 and "limit 1.0 MB (given)" in given.message
+    for wrong in ("160", 0, -1.0, float("nan"), True):
+        with pytest.raises(ValueError, match="limit_mb must be a positive number of megabytes"):
+            batch.measure_batch(model, x, limit_mb=wrong)
     monkeypatch.setattr(batch, "_keras_backend", lambda: "jax")
     found = batch.measure_batch(model, x)
     assert found.batch is None
@@ -470,7 +475,7 @@ def test_tensorflows_in_use_counts_a_chunk_it_did_not_split_whole() -> None:
 
 # -- the limit: a cap the user set, else the device's size -------------------------------------
 def test_tensorflows_gpu_limit_is_the_logical_devices_memory_limit() -> None:
-    from kerasmagic.oom.limits import GPU_TOTAL, TF_CAP, Limit, tf_gpu_limit
+    from kerasmagic.backends.oom import GPU_TOTAL, TF_CAP, Limit, tf_gpu_limit
 
     totals = [80 * 2**30, 40 * 2**30]
     assert tf_gpu_limit(0, [(0, 2048), (1, None)], totals) == Limit(2 * 2**30, TF_CAP)
@@ -486,7 +491,7 @@ def test_the_limit_reads_tensorflows_configuration_without_starting_anything() -
     """Through the real TensorFlow (no GPU here: no configuration to read) and NVML's totals."""
     import tensorflow as tf
 
-    from kerasmagic.oom.limits import Limit, device_limit, tf_logical_gpus
+    from kerasmagic.backends.oom import Limit, device_limit, tf_logical_gpus
     from kerasmagic.probes.nvml import GpuDevice
 
     gpu = GpuDevice(0, 0, "GPU-0", "fake", 16 * 2**30, 2**30, None)

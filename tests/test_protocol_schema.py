@@ -16,11 +16,10 @@ from IPython.core.interactiveshell import InteractiveShell
 from kerasmagic.cleanup import last_report
 from kerasmagic.cleanup.holders import live_models
 from kerasmagic.live import get_monitor
-from kerasmagic.oom.part import report as explain_oom
-from kerasmagic.probes import nvml
-from kerasmagic.probes.variables import largest_variables
+from kerasmagic.oom.explain import report as explain_oom
+from kerasmagic.probes import largest_variables, nvml
 from kerasmagic.snapshot import take_snapshot
-from kerasmagic.views.schema import WIRE, fields, typescript
+from kerasmagic.views.protocol import WIRE, fields, typescript
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WIRE_TS = ROOT / "labextension" / "src" / "wire.ts"
@@ -28,7 +27,7 @@ WIRE_TS = ROOT / "labextension" / "src" / "wire.ts"
 
 def test_the_committed_typescript_types_are_the_generated_ones() -> None:
     """The hand-written types had drifted (no 'stale' GPU status, no process_note, backends or
-    keras_backend): run `python -m kerasmagic.views.schema > labextension/src/wire.ts`."""
+    keras_backend): run `python -m kerasmagic.views.protocol > labextension/src/wire.ts`."""
     assert WIRE_TS.read_text() == typescript()
 
 

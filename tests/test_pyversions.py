@@ -1,6 +1,6 @@
 """The Ctrl-C code that reads opcodes and frames runs only on the Pythons it was checked on.
 
-``kerasmagic.interrupts.pyversions.RUNNING`` is the seam: set to a Python it was not checked
+``kerasmagic.interrupts.watch.RUNNING`` is the seam: set to a Python it was not checked
 on, loading the extension says so in one line and leaves lost interrupts to Python, in a real
 shell (and, in ``tests/test_kernelguard.py``, in a real kernel).
 """
@@ -14,12 +14,12 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from shared_cells import INTERRUPT_IN_GC_CALLBACK
 
-from kerasmagic.interrupts import pyversions
+from kerasmagic.interrupts import watch
 
 
 def test_this_python_is_one_the_frame_code_was_checked_on() -> None:
-    assert pyversions.unchecked() is None
-    assert sys.version_info[:2] in pyversions.CHECKED
+    assert watch.unchecked() is None
+    assert sys.version_info[:2] in watch.CHECKED
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # Python's own
@@ -28,10 +28,10 @@ def test_another_python_gets_one_line_and_python_s_own_behaviour(
 ) -> None:
     ip.run_line_magic("unload_ext", "kerasmagic")
     pythons_hook = sys.unraisablehook
-    monkeypatch.setattr(pyversions, "RUNNING", ("cpython", (3, 14)))
-    monkeypatch.setattr(pyversions, "_told", False)
+    monkeypatch.setattr(watch, "RUNNING", ("cpython", (3, 14)))
+    monkeypatch.setattr(watch, "_told", False)
     try:
-        with caplog.at_level(logging.WARNING, logger=pyversions.__name__):
+        with caplog.at_level(logging.WARNING, logger=watch.__name__):
             ip.run_line_magic("load_ext", "kerasmagic")
             ip.run_line_magic("unload_ext", "kerasmagic")
             ip.run_line_magic("load_ext", "kerasmagic")  # told once per process
@@ -53,6 +53,6 @@ def test_another_python_gets_one_line_and_python_s_own_behaviour(
 def test_other_implementations_and_versions_are_unchecked(
     monkeypatch: pytest.MonkeyPatch, running: tuple[str, tuple[int, int]]
 ) -> None:
-    monkeypatch.setattr(pyversions, "RUNNING", running)
-    line = pyversions.unchecked()
+    monkeypatch.setattr(watch, "RUNNING", running)
+    line = watch.unchecked()
     assert line is not None and f"on {running[0]} " in line

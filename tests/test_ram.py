@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from kerasmagic.probes.ram import ram_info, read_ram
+from kerasmagic.probes import ram_info, read_ram
 
 MB = 2**20
 

@@ -19,7 +19,7 @@ import pytest
 from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 
-from kerasmagic.compat import reaches
+from kerasmagic.compat import registry as reaches  # the registry and its gate
 from kerasmagic.compat.registry import REACHES
 
 SHELL_LIBRARIES = ("ipython", "ipykernel")
@@ -223,7 +223,7 @@ def test_a_kernel_with_subshells_but_no_shell_parent_is_said_once(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     pytest.importorskip("ipykernel.kernelbase")
-    from kerasmagic.views.commsend import send
+    from kerasmagic.views.comm import send
 
     kernel = types.SimpleNamespace(shell_channel_thread=object())  # ipykernel 7, renamed
     shell = types.SimpleNamespace(kernel=kernel)
@@ -269,10 +269,10 @@ def test_in_a_real_kernel_nothing_is_off_and_nothing_is_said(tmp_path: Any) -> N
         content, text = kernel_run(client, "%%fresh_model -q\nm = None")
         assert content["status"] == "ok" and "kerasmagic" not in text, text
         off = kernel_value(
-            client, "[o.line for o in __import__('kerasmagic.compat').compat.reaches.off()]"
+            client, "[o.line for o in __import__('kerasmagic.compat.registry').compat.registry.off()]"  # noqa: E501
         )
         probed = kernel_value(
-            client, "sorted(__import__('kerasmagic.compat').compat.reaches._results)"
+            client, "sorted(__import__('kerasmagic.compat.registry').compat.registry._results)"
         )
     assert off == []
     assert {"tf.gradient_registry", "keras.global_state", "ipykernel.handler_hooks"} <= set(probed)

@@ -49,7 +49,7 @@ def test_a_tf_function_in_an_attribute_of_a_kept_object_forgets_dropped_models(
     """README: tf.functions are found "under your names, one level into containers and
     objects". On Python 3.11+ an object's attributes live inline until its ``__dict__`` is
     asked for, and ``gc.get_referents`` then shows the values, not a dict: the walk
-    (``children.attributes``) finds no attribute, and ``trainer.step`` keeps a trace (a graph
+    (``walk.state.attributes``) finds no attribute, and ``trainer.step`` keeps a trace (a graph
     and the variables) of every dropped model."""
     run(kip, STEP + "trainer = Trainer(train_step)\ndel train_step")
     for _ in range(3):
@@ -68,7 +68,7 @@ class Trainer:
 
 
 def test_a_kept_bound_method_keeps_its_object_whole(kip: InteractiveShell) -> None:
-    """``predict = trainer.predict`` keeps the old trainer (``paths.py`` even names that path),
+    """``predict = trainer.predict`` keeps the old trainer (``paths_to`` even names that path),
     but the kept-names walk treats bound methods as opaque: re-running ``trainer = Trainer()``
     with ``%%fresh_model`` sets the old trainer's ``.model`` to None and the kept ``predict``
     breaks with ``'NoneType' object has no attribute 'predict'``."""
@@ -219,7 +219,7 @@ shell = InteractiveShell.instance()
 shell.run_line_magic("load_ext", "kerasmagic")
 shell.run_cell('''
 import numpy as np, keras
-from kerasmagic.backends.tensorflow.graph import custom_gradient_count
+from kerasmagic.backends.tensorflow.graphs import custom_gradient_count
 x, y = np.zeros((64, 20), "float32"), np.zeros(64, "int64")
 counts = []
 for fold in range(6):

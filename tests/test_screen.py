@@ -21,8 +21,7 @@ import pytest
 from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 
-from kerasmagic.cleanup import last_report
-from kerasmagic.cleanup.report import CleanupReport, report_text
+from kerasmagic.cleanup import CleanupReport, last_report, report_text
 from kerasmagic.live import get_monitor
 from kerasmagic.units import signed_bytes
 from kerasmagic.views.render import no_stats

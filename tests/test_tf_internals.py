@@ -16,9 +16,10 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from kerasmagic.backends.tensorflow import stack as tfstack  # noqa: E402
-from kerasmagic.backends.tensorflow import tracetree  # noqa: E402
-from kerasmagic.backends.tensorflow.graph import custom_gradient_count  # noqa: E402
-from kerasmagic.backends.tensorflow.purge import purge_custom_gradients  # noqa: E402
+from kerasmagic.backends.tensorflow.graphs import (  # noqa: E402
+    custom_gradient_count,
+    purge_custom_gradients,
+)
 
 X = np.random.default_rng(0).random((64, 4), dtype=np.float32)
 Y = np.random.default_rng(1).integers(0, 2, 64)
@@ -138,7 +139,7 @@ def test_remembered_traces_survive_clear_and_reset_of_the_tree(
         elif step == 3:
             assert tfstack.clear_cache() > 0 and tfstack.clear_cache() == 0
         else:
-            monkeypatch.setattr(tracetree, "MAX_NODES", 3)  # resets after every new stack
+            monkeypatch.setattr(tfstack, "MAX_NODES", 3)  # resets after every new stack
         traces.append(_graph_traces(5))  # one call site for all
     assert all(t == traces[0] for t in traces), "a remembered trace differs from TF's"
     assert tfstack.clear_cache() < 200  # only what was added since the last reset
@@ -284,7 +285,7 @@ def test_a_failing_string_capture_falls_back_to_tensorflows_own(
     def broken(*args: object) -> object:
         raise RuntimeError("a TensorFlow that changed under the patch")
 
-    monkeypatch.setattr(tracetree, "find", broken)
+    monkeypatch.setattr(tfstack, "find", broken)
     monkeypatch.setattr(tfstack, "_failed", [])
     was_installed = tfstack.installed()
     tfstack.uninstall()

@@ -11,8 +11,7 @@ from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 from shared_cells import TRAIN_STEP
 
-from kerasmagic.backends.tensorflow.graph import custom_gradient_count
-from kerasmagic.backends.tensorflow.traces import clear_stale_traces
+from kerasmagic.backends.tensorflow.graphs import clear_stale_traces, custom_gradient_count
 
 STEP = TRAIN_STEP
 LOOP = """%%fresh_model -q

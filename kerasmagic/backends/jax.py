@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from kerasmagic.backends import Backend, BackendDevice, BackendInfo, attempt, keras_backend
+from kerasmagic.compat.registry import loaded
 
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 MEM_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
@@ -28,10 +29,7 @@ TOO_LATE = (
 
 def _jax() -> Any | None:
     """Return the jax module once ``import jax`` has finished, else None."""
-    top = sys.modules.get("jax")
-    if top is None or getattr(getattr(top, "__spec__", None), "_initializing", False):
-        return None
-    return top
+    return loaded("jax")
 
 
 def started() -> bool:

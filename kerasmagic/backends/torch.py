@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from kerasmagic.backends import Backend, BackendDevice, BackendInfo, Modes, attempt, keras_backend
+from kerasmagic.compat.registry import loaded
 
 RESTORED = (
     "kerasmagic: the error stopped PyTorch inside torch.no_grad(), which left gradients off; "
@@ -21,10 +22,7 @@ RESTORED = (
 
 def loaded_torch() -> Any | None:
     """Return the torch module once ``import torch`` has finished, else None."""
-    top = sys.modules.get("torch")
-    if top is None or getattr(getattr(top, "__spec__", None), "_initializing", False):
-        return None
-    return top
+    return loaded("torch")
 
 
 def in_use() -> bool:

@@ -2,25 +2,39 @@
 
 The same cleanup runs before a ``%%fresh_model`` cell, from the sidebar's "Free memory" button,
 and from plain Python (``kerasmagic.reset()`` / ``with kerasmagic.fresh():``) in search loops.
+``plan.py`` decides what is stale and how to cut it; here the cleanup runs step by step (each
+step a named function of one ``Run``, in ``STEPS`` order) and says what it did
+(``CleanupReport``). There is one garbage collection (``collect``), and a second only when
+something that should have gone survived the first (``survivors``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
+import gc
+import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, MutableMapping
+import weakref
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
-from kerasmagic.backends import allocated
-from kerasmagic.cleanup.backend import reset_backend
-from kerasmagic.cleanup.report import CleanupReport
-from kerasmagic.cleanup.stale import plan_cleanup
-from kerasmagic.cleanup.steps import Run, run_steps
+from kerasmagic import backends
+from kerasmagic.cleanup.holders import holder_paths, referrer_kinds
+from kerasmagic.cleanup.loops import Freezer
+from kerasmagic.cleanup.plan import Action, Plan, drop_stored_errors, plan_cleanup
 from kerasmagic.compat import check_now
+from kerasmagic.compat.probes import find_libc as libc
+from kerasmagic.compat.registry import broken, works
 from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.probes import read_ram
 from kerasmagic.shellstate import current, state_of
+from kerasmagic.units import fmt_bytes, signed_bytes
+from kerasmagic.walk.deep import held_by
+from kerasmagic.walk.state import state_types
 
 
 def _ipython_shell() -> Any | None:
@@ -77,7 +91,8 @@ def last_report(shell: Any | None = None) -> CleanupReport | None:
     IPython shell; in a script, of this process), or None before any."""
     state = state_of(shell) if shell is not None else current()
     if state is not None:
-        return state.last_report
+        report: CleanupReport | None = state.last_report  # shellstate keeps it untyped
+        return report
     return _outside[0] if _outside else None
 
 
@@ -107,7 +122,7 @@ def _reset(
     run = Run(ns, shell, plan, patch_stack_traces, dropped)
     del plan  # the run owns it now, and lets it go before collecting
     run_steps(run)
-    tf_after = allocated("tensorflow")
+    tf_after = backends.allocated("tensorflow")
     tf_freed = None if run.tf_before is None or tf_after is None else run.tf_before - tf_after
     return CleanupReport(
         dropped=dropped,
@@ -129,6 +144,351 @@ def fresh(
 ) -> Iterator[CleanupReport]:
     """Run ``reset()`` before the block; for loops: ``with kerasmagic.fresh(): model = ...``."""
     yield reset(namespace, **options)
+
+
+@dataclass(frozen=True)
+class CleanupReport:
+    """What one cleanup dropped, what it freed, and which models are still alive and why."""
+
+    dropped: tuple[str, ...]
+    kept: tuple[str, ...]
+    not_freed: tuple[str, ...]
+    freed_bytes: int
+    tf_freed_bytes: int | None
+    released: tuple[str, ...]  # what the backends released around the collection, in words
+    elapsed_s: float
+    dry_run: bool = False
+    notes: tuple[str, ...] = ()
+    stale_models: int = 0  # models the cleanup set out to free (freed_bytes / this: per model)
+    steps: tuple[tuple[str, float], ...] = ()  # each step's name and seconds
+
+    def summary(self) -> str:
+        """Return the one-line report shown after a ``%%fresh_model`` cell."""
+        if self.dry_run:
+            return f"dry run: would drop {_names(self.dropped)}; would keep {_names(self.kept)}"
+        parts = [f"{self._freed()} in {self.elapsed_s:.2f} s"]
+        parts.append(f"dropped {_names(self.dropped)}")
+        parts += self.released
+        if self.kept:
+            parts.append(f"still alive: {_names(self.kept)}")
+        if self.not_freed:
+            parts.append(f"NOT freed: {_names(self.not_freed)}")
+        return "; ".join(parts + list(self.notes))
+
+    def _freed(self) -> str:
+        """Say what was freed, in units that show it (12.0 KB, not 0.0 MB); RAM freed while
+        nothing was dropped is what earlier cells left for the collector."""
+        ram = f"freed {fmt_bytes(self.freed_bytes)} of RAM" if self.freed_bytes > 0 else ""
+        if ram and not self.dropped:
+            ram += " (garbage earlier cells left)"
+        tf = self.tf_freed_bytes  # None: no allocator statistics
+        tensors = f"{fmt_bytes(tf)} of TensorFlow tensors" if tf is not None and tf > 0 else ""
+        if ram and tensors:
+            return f"{ram} and {tensors}"
+        return ram or (f"freed {tensors}" if tensors else "freed no memory")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-able dict (for the sidebar and logs)."""
+        return dataclasses.asdict(self)
+
+
+def _names(items: tuple[str, ...], limit: int = 6) -> str:
+    if not items:
+        return "nothing"
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def report_text(report: CleanupReport, after_cleanup_rss: int, record: Any, now: int) -> str:
+    """Return a ``%%fresh_model`` cell's line once the cell is recorded: the cleanup, what the
+    cell then took, and the net change over the whole cell, which is the cell's record (the
+    badge under it, the sidebar's chart): freed and took, measured apart, add up to it. Without
+    a record (its snapshot failed) what the cell took is read from ``now``, RSS at the end."""
+    if record is None:
+        return f"{report.summary()}; {_cell_then(now - after_cleanup_rss)} of RAM"
+    took = record.end.ram.rss_bytes - after_cleanup_rss
+    net = record.delta.rss_bytes
+    return f"{report.summary()}; {_cell_then(took)} of RAM, {signed_bytes(net)} for the whole cell"
+
+
+def _cell_then(took: int) -> str:
+    """What the cell's own code did to RSS after the cleanup: took +X, or gave X back."""
+    if took < 0:
+        return f"the cell then gave back {fmt_bytes(-took)}"
+    return f"the cell then took {signed_bytes(took)}"
+
+
+# The steps, in order: the order matters where the comments say.
+
+
+@dataclass
+class Run:
+    """One cleanup as its steps see it: what the plan found, what was done, what it said."""
+
+    ns: MutableMapping[str, Any]
+    shell: Any | None
+    plan: Plan | None
+    patch_stack_traces: bool
+    dropped: tuple[str, ...]
+    watched: list[tuple[str, weakref.ref[Any]]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)  # backends' words ("purged 2 ...")
+    not_freed: tuple[str, ...] = ()
+    rss_before: int = 0
+    tf_before: int | None = None
+    timings: list[tuple[str, float]] = field(default_factory=list)
+
+
+def cut(run: Run) -> None:
+    """Cut what the plan found: names, container items, Out[], stored frames, links."""
+    assert run.plan is not None
+    run.watched = _weak(run.plan.stale.values())
+    run.notes += dict.fromkeys(run.plan.notes)
+    _cut(run.plan.actions)  # in a function: a loop variable here would keep the last closure
+    for unlink in run.plan.unlinks:
+        unlink()
+
+
+def clear_traces(run: Run) -> None:
+    """Before the collection: drop the tf.function traces of what was cut (their graphs hold
+    the variables); traces of what is kept stay."""
+    assert run.plan is not None
+    stale = [obj for _, obj in run.plan.stale.values()]
+    run.notes += backends.clear_traces(run.ns, stale, run.plan.roots)
+    run.plan = None  # the plan holds the stale objects: let them go before collecting
+
+
+def reset_backends(run: Run) -> None:
+    """Keras's global state (names, graphs; its user settings kept), then each backend's
+    caches (TF's default graph and string traces, JAX's compilations, torch.compile's)."""
+    reset_backend()
+    if run.patch_stack_traces:  # TF's op stack traces (TensorFlow imported since the load)
+        run.notes += backends.attach()
+
+
+def collect(run: Run) -> None:
+    """The one collection, each backend's work around it (TF's gradient registry purged)."""
+    Freezer.thaw()  # a loop froze the old objects: a cleanup looks at everything
+    run.released += backends.collect_active()
+
+
+def survivors(run: Run) -> None:
+    """Name what should have gone and did not, and what holds it; a stored error that holds
+    it goes too (its frames keep the functions they ran), then one more collection."""
+    run.not_freed = _survivors(run.watched, run.ns)
+    by_error = any(label.startswith("sys.last") for label in run.dropped)
+    if run.not_freed and by_error and drop_stored_errors(run.shell):
+        run.notes.append("dropped the stored error too: it held a model (%tb has nothing to show)")
+        run.released += backends.collect_active()
+        run.not_freed = _survivors(run.watched, run.ns)
+
+
+def release_backends(run: Run) -> None:
+    """After the collection: cached device blocks no tensor uses go back to the driver."""
+    backends.release_active()
+
+
+def trim_heap(run: Run) -> None:
+    """glibc's freed heap back to the operating system."""
+    malloc_trim()
+
+
+STEPS: tuple[Callable[[Run], None], ...] = (
+    cut,
+    clear_traces,
+    reset_backends,
+    collect,
+    survivors,
+    release_backends,
+    trim_heap,
+)
+
+
+def run_steps(run: Run) -> None:
+    """Run every step in order, timing each."""
+    run.rss_before, run.tf_before = read_ram().rss_bytes, backends.allocated("tensorflow")
+    for step in STEPS:
+        start = time.perf_counter()
+        step(run)
+        run.timings.append((step.__name__, time.perf_counter() - start))
+
+
+def _weak(found: Iterable[tuple[str, Any]]) -> list[tuple[str, weakref.ref[Any]]]:
+    out = []
+    for path, obj in found:
+        try:
+            out.append((path, weakref.ref(obj)))
+        except TypeError:  # a kind of state that takes no weak reference: not watched
+            continue
+    return out
+
+
+def _cut(actions: list[Action]) -> None:
+    for _, act in actions:
+        act()
+
+
+def _survivors(
+    watched: list[tuple[str, weakref.ref[Any]]], ns: MutableMapping[str, Any]
+) -> tuple[str, ...]:
+    if not any(ref() is not None for _, ref in watched):
+        return ()
+    gc.collect()  # objects freed by the first pass can release others (finalizers, weakrefs)
+    alive = [(path, obj) for path, obj in ((p, r()) for p, r in watched) if _weighs(obj)]
+    if not alive:
+        return ()
+    paths = holder_paths(ns, [obj for _, obj in alive])
+    out = []
+    for path, obj in alive:
+        holders = paths.get(id(obj)) or _referrers(obj, alive)
+        out.append(f"{path} (held by {', '.join(holders)})")
+    return tuple(out)
+
+
+def _weighs(obj: Any) -> bool:
+    """Return whether a survivor is worth naming: a model, or state that still holds weights
+    (a kept base's graph keeps the symbolic inputs of every call on it, which hold none)."""
+    if obj is None:
+        return False
+    kind = state_types().kind(type(obj))
+    return kind in (None, "model") or held_by(obj, kind).size_bytes > 0
+
+
+def _referrers(obj: Any, alive: list[tuple[str, Any]]) -> list[str]:
+    try:
+        return referrer_kinds(obj, (alive, *alive))
+    except Exception:  # an odd object among the referrers: the report still comes
+        return ["something kerasmagic could not look into"]
+
+
+# Keras's global state, reset with its user settings kept.
+
+
+STATE = "keras.src.backend.common.global_state"
+
+# Keras keeps user settings in the same global state that clear_session() throws away.
+KERAS_SETTINGS = (
+    "dtype_policy",  # keras.mixed_precision.set_global_policy("mixed_float16")
+    "global_random_seed",  # keras.utils.set_random_seed(...)
+    "interactive_logging",
+    "traceback_filtering",
+    "flash_attention",
+    "nnx_enabled",
+)
+
+
+def _keras_settings() -> dict[str, Any]:
+    """Return Keras's user settings to put back after ``clear_session()``; {} when its global
+    state moved (said once: ``compat``).
+
+    ``clear_session()`` resets names, graphs and kernel caches, and with them user settings
+    kept in the same global state (dtype policy, random seed): those are saved and put back.
+    """
+    state = sys.modules.get(STATE)
+    if state is None or not works("keras.global_state"):
+        return {}
+    try:
+        values = {name: state.get_global_attribute(name) for name in KERAS_SETTINGS}
+    except Exception as exc:
+        broken("keras.global_state", f"changed get_global_attribute ({type(exc).__name__})")
+        return {}
+    saved = {name: value for name, value in values.items() if value is not None}
+    if "dtype_policy" not in saved and _public_policy() not in (None, "float32"):
+        broken("keras.global_state", "keeps the dtype policy elsewhere than 'dtype_policy'")
+    return saved
+
+
+def _public_policy() -> str | None:
+    """Return the global dtype policy's name through Keras's public API, or None."""
+    config = getattr(sys.modules.get("keras"), "config", None)
+    read = getattr(config, "dtype_policy", None)
+    try:
+        return None if read is None else str(read().name)
+    except Exception:  # a Keras without it: nothing to compare with
+        return None
+
+
+def _restore_keras_settings(saved: dict[str, Any]) -> None:
+    state = sys.modules.get(STATE)
+    if not saved or state is None:
+        return
+    try:
+        for name, value in saved.items():
+            state.set_global_attribute(name, value)
+    except Exception as exc:
+        broken("keras.global_state", f"changed set_global_attribute ({type(exc).__name__})")
+
+
+def reset_backend() -> list[str]:
+    """Reset Keras's global state (names, graphs, kernel caches), keep its user settings, then
+    each backend in use (TF's default graph, JAX's compilation caches, torch's caches)."""
+    done = []
+    saved = _keras_settings()
+    for name in ("keras", "tf_keras"):
+        backend = getattr(sys.modules.get(name), "backend", None)
+        clear = getattr(backend, "clear_session", None)
+        if clear is None:
+            continue
+        try:
+            clear(free_memory=False)
+        except TypeError:  # tf-keras has no free_memory argument
+            clear()
+        done.append(name)
+    _restore_keras_settings(saved)
+    done.extend(backends.reset_active())  # TF's default graph, JAX's jit caches, torch's
+    return done
+
+
+# -- glibc's heap -------------------------------------------------------------------------------
+# glibc's heap: hand freed pages back to the OS, and keep big blocks off the heap.
+#
+# glibc serves a block of at least its mmap threshold (128 KiB at start) with its own ``mmap``,
+# returned to the OS when freed. But the threshold is dynamic: each freed mmapped block raises it
+# to that block's size (up to 32 MiB), so after the first big tensor is freed, blocks of a few MiB
+# land on the heap, and a heap only shrinks from its top. Re-run model cells then grow RSS in
+# steps the allocator keeps (``benchmarks/notebook_patterns.py``, a ``tf.data`` pipeline: 0.14 MB
+# per re-run while malloc's in-use bytes stay flat). Pinning the threshold at a few MiB keeps
+# blocks above it on ``mmap`` (0.03 MB per re-run) at no fit-time cost measured here; blocks
+# below it (batches, activations) still come from the heap, at heap speed. glibc has no call that
+# restores its dynamic mode, so a pin outlives ``%unload_ext``.
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MAX_MB = 32  # glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
+
+_pinned_mb: int | None = None
+
+
+def malloc_trim() -> None:
+    """Hand freed heap pages back to the OS (glibc), so RSS shows what was freed."""
+    trim = getattr(libc(), "malloc_trim", None)  # musl and others lack it
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+        trim(0)
+
+
+def _set_by_environment() -> bool:
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    return "MALLOC_MMAP_THRESHOLD_" in os.environ or "glibc.malloc." in tunables
+
+
+def pin_mmap_threshold(megabytes: int) -> str:
+    """Pin glibc's mmap threshold at ``megabytes`` MiB (0: leave it); return what was done."""
+    global _pinned_mb
+    if not 0 <= megabytes <= MAX_MB:
+        raise ValueError(f"mmap threshold must be 0 to {MAX_MB} MiB, not {megabytes}")
+    if megabytes == 0:
+        return "glibc's mmap threshold left dynamic"
+    if _set_by_environment():
+        return "glibc's malloc is configured by the environment: left as it is"
+    if _pinned_mb == megabytes:
+        return f"glibc's mmap threshold pinned at {megabytes} MiB"
+    mallopt = getattr(libc(), "mallopt", None)
+    if mallopt is None:
+        return "not glibc: the allocator is left as it is"
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    if not mallopt(M_MMAP_THRESHOLD, megabytes * 2**20):
+        return f"glibc refused an mmap threshold of {megabytes} MiB"
+    _pinned_mb = megabytes
+    return f"glibc's mmap threshold pinned at {megabytes} MiB"
 
 
 __all__ = ["CleanupReport", "fresh", "last_report", "reset", "reset_backend"]

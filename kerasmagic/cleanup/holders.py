@@ -1,10 +1,13 @@
-"""Every live Keras model, its size and who holds it (for ``%gpu_mem --deep``; on demand only).
+"""What holds memory, on demand: every live Keras model with its size and holders, and the
+largest data (the sidebar's "Scan", ``%gpu_mem --deep``).
 
-This walks ``gc.get_objects()`` (tens to hundreds of ms), so it never runs between cells.
+This walks ``gc.get_objects()`` (tens to hundreds of ms), so it runs only when asked, on the
+main thread, between cells.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
 import types as pytypes
@@ -14,14 +17,26 @@ from typing import Any
 
 from kerasmagic.backends import traced
 from kerasmagic.cleanup.loops import Freezer
-from kerasmagic.cleanup.tracebacks import frame_locals, stored_tracebacks
-from kerasmagic.walk.children import module_dicts
-from kerasmagic.walk.names import is_user_name, scan_order
+from kerasmagic.cleanup.plan import frame_locals, stored_tracebacks
+from kerasmagic.probes import Variable, largest_variables
+from kerasmagic.walk.deep import (
+    guarded,
+    held_by,
+    model_size_bytes,
+    own_objects,
+    owned,
+    paths_to,
+)
 from kerasmagic.walk.near import walk
-from kerasmagic.walk.own import own_objects
-from kerasmagic.walk.ownership import held_by, model_size_bytes, owned
-from kerasmagic.walk.paths import paths_to
-from kerasmagic.walk.state import callback_types, is_a, model_types, state_types
+from kerasmagic.walk.state import (
+    callback_types,
+    is_a,
+    is_user_name,
+    model_types,
+    module_dicts,
+    scan_order,
+    state_types,
+)
 
 
 @dataclass(frozen=True)
@@ -135,24 +150,17 @@ def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> li
 
 
 def _layers(model: Any) -> list[Any]:
-    try:
-        return list(model.layers)
-    except Exception:  # a user's subclass whose ``layers`` fails: no nested models from it
-        return []
+    """A model's layers; none of a user's subclass whose ``layers`` fails."""
+    return list(guarded(lambda: list(model.layers), []))
 
 
 def _name(model: Any) -> str:
-    try:
-        return str(model.name)
-    except Exception:
-        return "?"
+    return str(guarded(lambda: str(model.name), "?"))
 
 
 def _size(model: Any) -> int:
-    try:
-        return model_size_bytes(model)
-    except Exception:  # a user's model whose weights cannot be read
-        return 0
+    """A model's bytes; 0 for a user's model whose weights cannot be read."""
+    return int(guarded(lambda: model_size_bytes(model), 0))
 
 
 def holder_remedy(holder: str) -> tuple[str, bool]:
@@ -269,3 +277,27 @@ def _loose_state(
         )
     out.sort(key=lambda m: -m.size_bytes)
     return out[:MAX_LOOSE]
+
+
+@dataclass(frozen=True)
+class DeepScan:
+    """Live models (with holders, remedies, and whether "Free memory" frees them), largest data."""
+
+    models: tuple[LiveModel, ...]
+    variables: tuple[Variable, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return ``{"models": [...], "variables": [...]}``, JSON-able (tuples become lists)."""
+        return {
+            "models": [_plain(m) for m in self.models],
+            "variables": [_plain(v) for v in self.variables],
+        }
+
+
+def _plain(item: LiveModel | Variable) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(item).items()}
+
+
+def deep_scan(namespace: Mapping[str, Any]) -> DeepScan:
+    """Return every live model and the largest user variables (read-only: nothing is freed)."""
+    return DeepScan(tuple(live_models(namespace)), tuple(largest_variables(namespace)))

@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kerasmagic.backends import purge, registered
-from kerasmagic.compat.reaches import works
+from kerasmagic.compat.registry import works
+from kerasmagic.imports import AfterImport
 from kerasmagic.interrupts.held import held_interrupts
-from kerasmagic.onimport import AfterImport
 from kerasmagic.shellstate import ShellState
 
 log = logging.getLogger(__name__)

@@ -1,22 +1,118 @@
 """What this environment turns off or lacks, said once in one line each.
 
-``reaches``: the private structures kerasmagic reaches (``registry``), each probed where it
-runs. ``versions``: libraries older than kerasmagic is tested with. ``sidebar``: a JupyterLab
-kernel whose kerasmagic was installed without its sidebar. Read at ``%load_ext`` and when a
-framework is imported later; nothing here imports a framework or touches NVML.
+``registry``: the private structures kerasmagic reaches, each probed where it runs. Here:
+libraries older than kerasmagic is tested with, and a JupyterLab kernel whose kerasmagic was
+installed without its sidebar. Read at ``%load_ext`` and when a framework is imported later;
+nothing here imports a framework or touches NVML.
 """
 
 from __future__ import annotations
 
-import logging
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from kerasmagic.compat import reaches
-from kerasmagic.compat.sidebar import missing_sidebar
-from kerasmagic.compat.versions import too_old
+from kerasmagic.compat import registry
+from kerasmagic.compat.registry import installed, say_once
 
-log = logging.getLogger(__name__)
-_said: set[str] = set()  # each line once per process, however often the extension loads
+__all__ = ["check_now", "notes_at_load", "say_once", "too_old", "unwatch", "watch"]
+
+# (distribution, the module it imports as, the oldest version tested)
+FLOORS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
+    ("ipython", "IPython", (7, 34)),
+    ("ipykernel", "ipykernel", (6, 17)),
+    ("ipywidgets", "ipywidgets", (7, 7, 1)),
+    ("traitlets", "traitlets", (5, 7, 1)),
+    ("jupyter_client", "jupyter_client", (7, 4)),
+    ("psutil", "psutil", (5, 9, 5)),
+    ("tensorflow", "tensorflow", (2, 16)),
+    ("keras", "keras", (3, 3)),
+)
+ONCE_IMPORTED = frozenset({"tensorflow", "keras"})  # checked once imported, never imported here
+
+
+@dataclass(frozen=True)
+class TooOld:
+    """A library older than the oldest version kerasmagic is tested with."""
+
+    distribution: str
+    found: str
+    floor: tuple[int, ...]
+
+    @property
+    def line(self) -> str:
+        """Return the one line ``%load_ext`` prints for it."""
+        floor = ".".join(map(str, self.floor))
+        return (
+            f"kerasmagic: {self.distribution} {self.found} is older than {floor}, the oldest "
+            f"kerasmagic is tested with; some parts may fail: pip install '{self.distribution}"
+            f">={floor}'"
+        )
+
+
+def parse(version: str) -> tuple[int, ...]:
+    """Return the leading release numbers of ``version`` ("2.20.0rc1" -> (2, 20, 0))."""
+    numbers = re.match(r"\d+(\.\d+)*", version.strip())
+    return tuple(int(n) for n in numbers[0].split(".")) if numbers else ()
+
+
+def too_old(
+    frameworks: bool = False, version_of: Callable[[str, str], str | None] = installed
+) -> list[TooOld]:
+    """Return the Jupyter-side libraries older than their floor; with ``frameworks``, the
+    imported TensorFlow and Keras too (a framework not imported is not looked at)."""
+    found = []
+    for distribution, module, floor in FLOORS:
+        if distribution in ONCE_IMPORTED and (not frameworks or module not in sys.modules):
+            continue
+        version = version_of(distribution, module)
+        if version is not None and parse(version) < floor:
+            found.append(TooOld(distribution, version, floor))
+    return found
+
+
+HOSTED = ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE")  # set in Colab's and Kaggle's VMs
+LINE = (
+    "kerasmagic: the JupyterLab sidebar is not installed (this kerasmagic was built without "
+    "Node.js); to get it, install Node.js >= 18 and run the same pip install again"
+)
+
+
+def hosted() -> bool:
+    """Return whether this runs on Colab or Kaggle."""
+    return any(os.environ.get(name) for name in HOSTED)
+
+
+def extension_paths() -> list[str]:
+    """Return Jupyter's data folders for JupyterLab extensions (none without jupyter_core)."""
+    try:
+        from jupyter_core.paths import jupyter_path
+    except ImportError:  # no Jupyter here: no JupyterLab to show it either
+        return []
+    return list(jupyter_path("labextensions"))
+
+
+def sidebar_installed(paths: list[str] | None = None) -> bool:
+    """Return whether the built sidebar is on ``paths`` (default: Jupyter's labextension
+    folders)."""
+    paths = extension_paths() if paths is None else paths
+    return any(Path(p, "kerasmagic", "package.json").exists() for p in paths)
+
+
+def missing_sidebar(shell: Any, paths: list[str] | None = None) -> str | None:
+    """Return the line for a kernel a JupyterLab could show the sidebar in, if the sidebar is
+    on none of ``paths`` (default: Jupyter's labextension folders)."""
+    if getattr(shell, "kernel", None) is None or hosted():
+        return None
+    if importlib.util.find_spec("jupyterlab") is None:
+        return None
+    paths = extension_paths() if paths is None else paths
+    return None if not paths or sidebar_installed(paths) else LINE
 
 
 FRAMEWORKS = ("tensorflow", "keras", "tf_keras", "jax", "torch")
@@ -26,7 +122,7 @@ _watching: list[Any] = []  # the post-import hook, while some shell has the exte
 def notes_at_load(shell: Any) -> list[str]:
     """Return the lines ``%load_ext`` says about this environment."""
     lines = [old.line for old in too_old(frameworks=True)]
-    lines += [found.line for found in reaches.check(shell)]
+    lines += [found.line for found in registry.check(shell)]
     sidebar = missing_sidebar(shell)
     return [*lines, sidebar] if sidebar is not None else lines
 
@@ -36,14 +132,14 @@ def check_now(shell: Any = None, finished: frozenset[str] = frozenset()) -> None
     IPython, ``%gpu_mem``, and the post-import hook, for which ``finished`` frameworks are
     done importing although importlib still marks them as importing)."""
     say_once([old.line for old in too_old(frameworks=True)])
-    say_once([found.line for found in reaches.check(shell, finished=finished)])
+    say_once([found.line for found in registry.check(shell, finished=finished)])
 
 
 def watch() -> None:
     """Check again each time a framework is imported (until ``unwatch``): once its code has
     run, though importlib still marks it as importing (a framework importing another is not)."""
     if not _watching:
-        from kerasmagic.onimport import AfterImport
+        from kerasmagic.imports import AfterImport
 
         hook = AfterImport(FRAMEWORKS, _just_imported, named=True)
         hook.install()
@@ -59,11 +155,3 @@ def unwatch() -> None:
     """Stop checking at framework imports."""
     while _watching:
         _watching.pop().uninstall()
-
-
-def say_once(lines: list[str]) -> None:
-    """Say each line not said before in this process, one warning each."""
-    for line in lines:
-        if line not in _said:
-            _said.add(line)
-            log.warning(line)

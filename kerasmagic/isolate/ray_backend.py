@@ -15,10 +15,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kerasmagic.isolate._child import call, error_info, isolation_env
-from kerasmagic.isolate.outcome import Outcome, Trial
-from kerasmagic.isolate.sweep import Call, Progress, as_trial
-from kerasmagic.origin import user_module
+from kerasmagic.imports import user_module
+from kerasmagic.isolate.child import call, dumps, error_info, isolation_env, send
+from kerasmagic.isolate.runner import Call, Outcome, Progress, Trial, as_outcome, as_trial
 
 
 def _trial(blob: bytes, env: dict[str, str]) -> tuple[int, bytes]:
@@ -26,19 +25,12 @@ def _trial(blob: bytes, env: dict[str, str]) -> tuple[int, bytes]:
     os.environ.update(env)  # before unpickling: TensorFlow reads these when it is imported
     import cloudpickle
 
-    from kerasmagic.isolate import transport
-
     try:
         fn, args, kwargs = cloudpickle.loads(blob)
         result = call(fn, args, kwargs)
     except BaseException as exc:  # reported to the driver, never swallowed
         result = ("error", error_info(exc))
-    try:
-        return os.getpid(), transport.dumps(result, refuse_tf=True)
-    except Exception as exc:
-        kind, message, _ = error_info(exc)
-        text = f"{kind}: the result could not be sent back: {message}\n"
-        return os.getpid(), transport.dumps(("error", (kind, message, text)))
+    return os.getpid(), send(result, dumps)
 
 
 def _pickled(fn: Callable[..., Any], calls: Sequence[Call]) -> list[bytes]:
@@ -102,12 +94,7 @@ def _outcome(ray: Any, ref: Any) -> Outcome:
     except Exception as exc:  # the worker died: segfault, os._exit, OOM kill
         first = str(exc).strip().splitlines()[:3]
         return Outcome("crashed", error=f"{type(exc).__name__}: " + " ".join(first))
-    status, payload = cloudpickle.loads(data)
-    if status == "ok":
-        return Outcome("ok", value=payload, pid=pid)
-    said = payload[3] if len(payload) > 3 else None  # the figures after an out-of-memory error
-    kind, message, text = payload[:3]
-    return Outcome("error", error=text, error_type=kind, pid=pid, error_message=message, oom=said)
+    return as_outcome(cloudpickle.loads(data), pid)
 
 
 def ray_sweep(

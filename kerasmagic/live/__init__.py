@@ -1,8 +1,8 @@
 """Live memory monitor: per-cell records, a background peak sampler, the leak detector.
 
-``%load_ext kerasmagic`` gives each shell one ``LiveMonitor`` (``monitor.py``) fed by IPython's
-cell events; ``sampler.py`` samples while cells run, ``leak.py`` judges re-runs (``advice.py``
-words the remedy) and ``record.py`` is the per-cell record everyone reads.
+``%load_ext kerasmagic`` gives each shell one ``LiveMonitor`` (``monitor.py``, with its
+``Sampler`` thread) fed by IPython's cell events; ``leak.py`` holds the per-cell ``CellRecord``
+everyone reads and judges re-runs (``LeakDetector``), wording the remedy.
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kerasmagic.live.leak import LeakVerdict
+from kerasmagic.live.leak import CellRecord, LeakVerdict, source_hash
 from kerasmagic.live.monitor import LiveMonitor
-from kerasmagic.live.record import CellRecord, source_hash
 from kerasmagic.shellstate import ShellState, state_of
 from kerasmagic.snapshot import MemorySnapshot
 

@@ -20,22 +20,29 @@ from typing import Any
 from traitlets import Float, Int
 from traitlets.config import Configurable
 
+import kerasmagic.probes as probes
 from kerasmagic.backends import keras_backend, read_active
 from kerasmagic.interrupts.held import (
     held_interrupts,
     interrupt_finished_cell,
     interrupt_next_cell,
 )
-from kerasmagic.live.advice import FRESH, cell_mode
-from kerasmagic.live.leak import STABLE, LeakDetector, LeakVerdict
-from kerasmagic.live.record import CellRecord, rusage_peak, source_hash
-from kerasmagic.live.sampler import Sampler
-from kerasmagic.oom.facts import OomFacts
-from kerasmagic.probes import read_ram
+from kerasmagic.live.leak import (
+    FRESH,
+    STABLE,
+    CellRecord,
+    LeakDetector,
+    LeakVerdict,
+    cell_mode,
+    source_hash,
+)
+from kerasmagic.oom.explain import OomFacts
+from kerasmagic.probes import GpuInfo, RamInfo, read_ram
 from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
 
 log = logging.getLogger(__name__)
 Subscriber = Callable[[str, Any], None]
+OnSample = Callable[[RamInfo, GpuInfo], None]
 RUNS_KEPT = 32  # per cell source, for the leak detector (more than any sane min_runs)
 MAX_SOURCES = 512
 
@@ -280,3 +287,102 @@ def _refreshed(base: MemorySnapshot, ram: Any, gpu: Any) -> MemorySnapshot:
         keras_backend=keras_backend(),
         backends=read_active(earlier=base.backends),
     )
+
+
+def rusage_peak(start: MemorySnapshot, end: MemorySnapshot) -> int:
+    """Return the process's peak RSS if it reached a new all-time high during the cell, else 0."""
+    before, after = start.ram.peak_rss_bytes, end.ram.peak_rss_bytes
+    return after if before is not None and after is not None and after > before else 0
+
+
+class Sampler:
+    """Sample every ``interval_s`` while a cell runs, every ``idle_interval_s`` otherwise.
+
+    A daemon thread reading RAM and NVML and keeping the peaks of a cell (its callback reads the
+    backends' allocators on the same thread). It sleeps on an ``Event`` between samples (fast
+    while a cell runs, slow while idle), never raises into the kernel and holds no reference to
+    any user object.
+    """
+
+    def __init__(self, interval_s: float, idle_interval_s: float, on_sample: OnSample) -> None:
+        self.interval_s = interval_s
+        self.idle_interval_s = idle_interval_s
+        self._on_sample = on_sample
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._running_cell = False
+        self._cell = 0  # counts cell starts, so a late reading never lands in the next cell
+        self._peak_rss = 0
+        self._peak_gpu: int | None = None
+        self._thread: threading.Thread | None = None
+        self.samples = 0
+
+    @property
+    def alive(self) -> bool:
+        """Return True while the thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def native_id(self) -> int | None:
+        """Return the OS thread id (for CPU accounting), or None when not running."""
+        return self._thread.native_id if self._thread is not None else None
+
+    def start(self) -> None:
+        """Start the thread (once)."""
+        if self.alive:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="kerasmagic-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread and wait for it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._thread = None
+
+    def cell_started(self, rss_bytes: int, gpu_bytes: int | None) -> None:
+        """Reset the peaks to the cell's start values; samples come every tick until it ends."""
+        with self._lock:
+            self._running_cell = True
+            self._cell += 1
+            self._peak_rss, self._peak_gpu = rss_bytes, gpu_bytes
+
+    def cell_finished(self, rss_bytes: int, gpu_bytes: int | None) -> tuple[int, int | None]:
+        """Return the cell's peak RSS and GPU bytes (including the end values)."""
+        with self._lock:
+            self._running_cell = False
+            self._update(rss_bytes, gpu_bytes)
+            return self._peak_rss, self._peak_gpu
+
+    def _update(self, rss_bytes: int, gpu_bytes: int | None) -> None:
+        self._peak_rss = max(self._peak_rss, rss_bytes)
+        if gpu_bytes is not None:
+            self._peak_gpu = max(self._peak_gpu or 0, gpu_bytes)
+
+    def sample_once(self) -> None:
+        """Read the probes once, update the peaks and report; log (never raise) failures."""
+        try:
+            with self._lock:
+                cell = self._cell
+            ram, gpu = probes.read_ram(), probes.read_gpus()  # not this module's read_ram
+            with self._lock:
+                if self._running_cell and self._cell == cell:
+                    self._update(ram.rss_bytes, gpu.used_bytes)
+            self.samples += 1
+            self._on_sample(ram, gpu)
+        except Exception:
+            log.exception("kerasmagic sampler: reading memory failed")
+
+    def _loop(self) -> None:
+        # Tick every interval_s; sample on every tick while a cell runs, else every
+        # idle_interval_s. A cell's start does not wake the thread: trivial cells end before
+        # the next tick, so they never compete with it for the GIL.
+        last = float("-inf")
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if self._running_cell or now - last >= self.idle_interval_s:
+                self.sample_once()
+                last = now
+            self._stop.wait(self.interval_s)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kerasmagic.compat.reaches import works
-from kerasmagic.oom.detect import find_oom
+from kerasmagic.backends.oom import find_oom
+from kerasmagic.compat.registry import works
 from kerasmagic.units import fmt_bytes
 
 PROBES = (16, 64)  # the two small batch sizes measured
@@ -44,8 +45,6 @@ class BatchFit:
 
     batch: int | None
     message: str
-    per_sample_bytes: float | None = None
-    fixed_bytes: float | None = None
     limit_bytes: int | None = None
 
 
@@ -55,18 +54,19 @@ def find_batch_size(
     y: Any = None,
     *,
     max_batch: int | None = None,
-    limit_bytes: int | None = None,
+    limit_mb: float | None = None,
     margin: float = 0.9,
     verbose: bool = True,
 ) -> int | None:
     """Return the largest training batch of ``x``/``y`` that fits on the model's device.
 
-    ``max_batch`` caps the answer (the number of samples always does); ``limit_bytes`` replaces
-    the device's limit; ``margin`` is the share of the limit a step may use. Prints the figures
-    it used (unless ``verbose=False``); returns None, saying why in one line, where the backend
-    keeps no allocator figures (JAX, PyTorch on the CPU).
+    ``max_batch`` caps the answer (the number of samples always does); ``limit_mb`` replaces
+    the device's limit (megabytes of 2**20 bytes, as ``%gpu_mem --limit``); ``margin`` is the
+    share of the limit a step may use. Prints the figures it used (unless ``verbose=False``);
+    returns None, saying why in one line, where the backend keeps no allocator figures (JAX,
+    PyTorch on the CPU).
     """
-    found = measure_batch(model, x, y, max_batch=max_batch, limit_bytes=limit_bytes, margin=margin)
+    found = measure_batch(model, x, y, max_batch=max_batch, limit_mb=limit_mb, margin=margin)
     if verbose:
         print(found.message)
     return found.batch
@@ -78,17 +78,23 @@ def measure_batch(
     y: Any = None,
     *,
     max_batch: int | None = None,
-    limit_bytes: int | None = None,
+    limit_mb: float | None = None,
     margin: float = 0.9,
 ) -> BatchFit:
     """Measure and confirm the batch (see ``find_batch_size``); return it with its figures."""
     if not 0 < margin <= 1:
         raise ValueError(f"margin must be in (0, 1], not {margin!r}")
+    if limit_mb is not None and (
+        isinstance(limit_mb, bool)
+        or not isinstance(limit_mb, int | float)
+        or not (math.isfinite(limit_mb) and limit_mb > 0)
+    ):
+        raise ValueError(f"limit_mb must be a positive number of megabytes, not {limit_mb!r}")
     if getattr(model, "optimizer", None) is None or not callable(
         getattr(model, "train_on_batch", None)
     ):
         raise ValueError("find_batch_size needs a compiled Keras model: call model.compile() first")
-    meter = device_meter(limit_bytes)
+    meter = device_meter(None if limit_mb is None else int(limit_mb * 2**20))
     if isinstance(meter, str):
         return BatchFit(None, f"kerasmagic: {meter}: no batch size measured")
     samples = _rows(x)
@@ -150,7 +156,6 @@ def _verdict(
     """Return the largest measured batch within ``budget``, with the figures in words."""
     low, high = min(peaks), max(peaks)
     per = (peaks[high] - peaks[low]) / (high - low) if high > low else None
-    fixed = peaks[low] - (per or 0) * low
     lines = [
         f"kerasmagic: {len(peaks)} train steps on {meter.device}, batch {low} to {high}: peak "
         f"{fmt_bytes(min(peaks.values()))} to {fmt_bytes(max(peaks.values()))}"
@@ -162,13 +167,13 @@ def _verdict(
     if not fitting:
         lines.append(f"kerasmagic: no batch of {low} or more fits in {fmt_bytes(budget)}: free "
                      "memory first (kerasmagic.reset()), or make the model smaller")  # fmt: skip
-        return BatchFit(0, "\n".join(lines), per, fixed, meter.limit_bytes)
+        return BatchFit(0, "\n".join(lines), meter.limit_bytes)
     best = max(fitting)
     why = f"all {cap} samples; " if best == cap else ""
     tail = f"; {ooms} out-of-memory error on the way" if ooms else ""
     lines.append(f"kerasmagic: batch {best} fits ({why}one step peaked at "
                  f"{fmt_bytes(peaks[best])}{tail})")  # fmt: skip
-    return BatchFit(best, "\n".join(lines), per, fixed, meter.limit_bytes)
+    return BatchFit(best, "\n".join(lines), meter.limit_bytes)
 
 
 def _next_guess(peaks: Mapping[int, int], a: int, b: int, budget: int, cap: int) -> int:
@@ -262,7 +267,7 @@ def _limit(device: str, in_use: int, given: int | None) -> tuple[int, str]:
     """Return the device's limit and where it comes from."""
     if given:
         return given, "given"
-    from kerasmagic.oom.limits import device_limit
+    from kerasmagic.backends.oom import device_limit
     from kerasmagic.probes.nvml import read_gpus
 
     gpus = read_gpus().devices if device.startswith("GPU") else ()

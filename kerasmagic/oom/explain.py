@@ -1,20 +1,138 @@
-"""Word an out-of-memory error: the device, its allocator, what holds the memory, one remedy."""
+"""An out-of-memory error explained: its figures, the block printed after the cell, the record.
+
+``read_figures`` takes the failed device's allocator from readings already made (the kernel's
+snapshot); ``figures_now`` reads them afresh, for an isolated child at the moment it fails.
+``explain`` words them: the device, its allocator, what holds the memory, one remedy. The
+loaded part (``load``) prints that block after the traceback (IPython shows that first) and
+never replaces it; it loads before the live monitor, so its hook runs first, and the monitor's
+record of the same cell takes the facts from ``Explainer.facts``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import logging
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
-from kerasmagic.oom.detect import OomError
-from kerasmagic.oom.facts import Figures, OomFacts
-from kerasmagic.oom.limits import is_cpu
+from kerasmagic.backends.oom import (
+    OomError,
+    device_limit,
+    find_oom,
+    is_cpu,
+    reported_limit,
+    same_device,
+)
+from kerasmagic.shellstate import ShellState
 from kerasmagic.units import fmt_bytes
 
-if TYPE_CHECKING:
-    from kerasmagic.cleanup.holders import LiveModel
-
+log = logging.getLogger(__name__)
 LABELS = {"tensorflow": "TensorFlow", "torch": "PyTorch", "jax": "JAX"}
 FIND_BATCH = "kerasmagic.find_batch_size(model, x, y) finds the largest batch that fits"
+
+if TYPE_CHECKING:
+    from kerasmagic.backends import BackendInfo
+    from kerasmagic.cleanup.holders import LiveModel
+    from kerasmagic.probes.nvml import GpuDevice
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The failed device's allocator: bytes in use, peak and limit (None: not known)."""
+
+    device: str | None
+    in_use_bytes: int | None = None
+    peak_bytes: int | None = None
+    limit_bytes: int | None = None
+    limit_source: str | None = None  # where the limit comes from, in words
+    rss_bytes: int | None = None  # the process's RAM, where no allocator keeps figures
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a plain dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Figures:
+        """Rebuild from ``to_dict`` output, ignoring fields this version does not know."""
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class OomFacts:
+    """An out-of-memory error as a cell's record carries it (docs/protocol.md, ``oom``)."""
+
+    backend: str
+    device: str | None
+    wanted_bytes: int | None
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    in_use_bytes: int | None
+    peak_bytes: int | None
+    limit_bytes: int | None
+    limit_source: str | None
+    remedy: str
+    isolated: bool = False  # raised in a %%fresh_model --isolate child, now gone
+
+    @classmethod
+    def of(cls, oom: OomError, figures: Figures, remedy: str, isolated: bool) -> OomFacts:
+        """Return the facts of ``oom`` with the device's ``figures``."""
+        return cls(
+            oom.backend, figures.device or oom.device, oom.wanted_bytes, oom.shape, oom.dtype,
+            figures.in_use_bytes, figures.peak_bytes, figures.limit_bytes, figures.limit_source,
+            remedy, isolated,
+        )  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a plain dict that ``json.dumps`` accepts (the shape as a list)."""
+        out = asdict(self)
+        out["shape"] = None if self.shape is None else list(self.shape)
+        return out
+
+
+def read_figures(
+    oom: OomError,
+    backends: Sequence[BackendInfo],
+    gpus: Sequence[GpuDevice],
+    host_total: int | None = None,
+    rss: int | None = None,
+) -> Figures:
+    """Return the failed device's figures from readings already made.
+
+    The message's own figures (PyTorch's CUDA message gives them at the failure) win over the
+    reading; a device the message does not name (JAX's) is the backend's first.
+    """
+    device, in_use, peak = oom.device, None, None
+    for info in backends:
+        for d in info.devices if info.name == oom.backend else ():
+            if device is None or same_device(d.name, device):
+                device, in_use, peak = d.name, d.in_use_bytes, d.peak_bytes
+                break
+    reported = oom.limit_bytes or reported_limit(backends, oom.backend, device)
+    limit = device_limit(oom.backend, device, gpus, reported, host_total)
+    source = "the error message" if oom.limit_bytes else (limit.source if limit else None)
+    return Figures(
+        device,
+        oom.in_use_bytes if oom.in_use_bytes is not None else in_use,
+        peak,
+        limit.bytes if limit else None,
+        source,
+        rss if in_use is None and oom.in_use_bytes is None else None,
+    )
+
+
+def figures_now(oom: OomError) -> Figures:
+    """Return the failed device's figures read now (an isolated child, as it fails)."""
+    import psutil
+
+    from kerasmagic.backends import read_active
+    from kerasmagic.probes import read_gpus
+
+    on_gpu = oom.device is not None and not is_cpu(oom.device)
+    gpus = read_gpus().devices if on_gpu and oom.backend == "tensorflow" else ()
+    rss = int(psutil.Process().memory_info().rss)
+    return read_figures(oom, read_active(), gpus, int(psutil.virtual_memory().total), rss)
 
 
 def explain(
@@ -103,3 +221,87 @@ def remedy(oom: OomError, f: Figures, models: Sequence[LiveModel], isolated: boo
         "the memory is held by what you keep: del what you no longer need, then "
         f"kerasmagic.reset(), or use a smaller batch ({FIND_BATCH})"
     )
+
+
+@dataclass(frozen=True)
+class OomReport:
+    """An out-of-memory error explained: the printed block and the record's facts."""
+
+    text: str
+    facts: OomFacts
+
+
+def report(shell: Any, error: BaseException | None) -> OomReport | None:
+    """Return the explanation of ``error`` if it is an out-of-memory error, else None."""
+    oom = find_oom(error)
+    if oom is None:
+        return None
+    outcome = getattr(error, "outcome", None)
+    if outcome is not None and getattr(outcome, "error_type", None) is not None:
+        said = getattr(outcome, "oom", None)  # the child's figures, read as it failed
+        figures = Figures.from_dict(said) if isinstance(said, dict) else Figures(oom.device)
+        text, facts = explain(oom, figures, (), isolated_pid=outcome.pid)
+        return OomReport(text, facts)
+    from kerasmagic.cleanup.holders import live_models
+    from kerasmagic.snapshot import take_snapshot
+
+    ns = shell.user_ns
+    snap = take_snapshot(ns, functions=False)
+    rss, total = snap.ram.rss_bytes, snap.ram.total_bytes
+    figures = read_figures(oom, snap.backends, snap.gpu.devices, total, rss)
+    text, facts = explain(oom, figures, live_models(ns))
+    return OomReport(text, facts)
+
+
+class Explainer:
+    """Explains each cell's out-of-memory error once, for the printed block and the record.
+
+    It keeps the report of the latest cell only, with a weak reference to IPython's result
+    object (never the error itself: its frames hold what ran out of memory).
+    """
+
+    def __init__(self, shell: Any) -> None:
+        self._shell = shell
+        self._last: tuple[Callable[[], Any], OomReport | None] = (lambda: None, None)
+
+    def explain(self, result: Any) -> OomReport | None:
+        """Return the report of the cell whose ``result`` this is (None: no OOM)."""
+        if result is None:
+            return None
+        if self._last[0]() is result:
+            return self._last[1]
+        found = None
+        error = getattr(result, "error_in_exec", None)
+        if error is not None:
+            try:
+                found = report(self._shell, error)
+            except Exception:  # the user's traceback is already shown; ours must never add one
+                log.warning("kerasmagic: could not explain the out-of-memory error", exc_info=True)
+        try:
+            self._last = (weakref.ref(result), found)
+        except TypeError:  # a result that takes no weak reference: explained again if asked
+            self._last = (lambda: None, found)
+        return found
+
+    def facts(self, result: Any) -> OomFacts | None:
+        """Return the record's facts of the cell whose ``result`` this is (None: no OOM)."""
+        found = self.explain(result)
+        return None if found is None else found.facts
+
+    def after(self, result: Any) -> None:
+        """Print the block after an out-of-memory error (``post_run_cell``)."""
+        found = self.explain(result)
+        if found is not None:
+            print(found.text)
+
+
+def load(state: ShellState) -> Explainer:
+    """Register the post-cell hook that explains an out-of-memory error."""
+    explainer = Explainer(state.shell)
+    state.shell.events.register("post_run_cell", explainer.after)
+    return explainer
+
+
+def unload(state: ShellState, explainer: Explainer) -> None:
+    """Remove the hook."""
+    state.shell.events.unregister("post_run_cell", explainer.after)

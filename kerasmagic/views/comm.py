@@ -2,14 +2,17 @@
 
 The frontend opens a comm and asks for a snapshot, the history, a cleanup or a scan of what
 holds memory; the kernel pushes the live monitor's samples and cell records. Requests are
-validated by ``commproto``; "Free memory" and "Scan" run on the main thread between cells
-(``commjobs``); everything is sent through ``commsend`` so it stays on the comm's subshell.
+validated by ``protocol``; "Free memory" and "Scan" run on the main thread between cells
+(``MainThreadJob``); everything is sent through ``send`` so it stays on the comm's subshell.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import importlib.util
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -17,15 +20,14 @@ from typing import Any
 
 from kerasmagic._version import __version__
 from kerasmagic.cleanup import CleanupReport, reset
-from kerasmagic.cleanup.scan import DeepScan, deep_scan
-from kerasmagic.compat.sidebar import hosted, sidebar_installed
-from kerasmagic.live import LiveMonitor
-from kerasmagic.live.record import CellRecord
+from kerasmagic.cleanup.holders import DeepScan, deep_scan
+from kerasmagic.compat import hosted, sidebar_installed
+from kerasmagic.compat.probes import find_comm_manager as comm_manager
+from kerasmagic.compat.registry import works
+from kerasmagic.live import CellRecord, LiveMonitor
 from kerasmagic.shellstate import ShellState
 from kerasmagic.snapshot import MemorySnapshot, take_snapshot
-from kerasmagic.views.commjobs import MainThreadJob
-from kerasmagic.views.commmanager import comm_manager, open_comm, sent_by_jupyterlab
-from kerasmagic.views.commproto import (
+from kerasmagic.views.protocol import (
     MAX_ID_CHARS,
     PROTOCOL,
     REQUESTS,
@@ -34,7 +36,6 @@ from kerasmagic.views.commproto import (
     message,
     request_id,
 )
-from kerasmagic.views.commsend import send
 
 log = logging.getLogger(__name__)
 TARGET = "kerasmagic"
@@ -42,9 +43,131 @@ HISTORY_CELLS = 30  # cells sent with "state" and "history"
 MIN_PUSH_INTERVAL_S = 0.4  # at most ~2 samples a second on the wire
 Cleanup = Callable[..., CleanupReport]
 Scan = Callable[[Mapping[str, Any]], DeepScan]
+Answer = Callable[[Any, dict[str, Any]], None]  # (comm, message) -> sent
+GATHER_S = 0.05  # a kernel's run waits this long for requests sent with the first one
 __all__ = ["MAX_ID_CHARS", "PROTOCOL", "TARGET", "Sidebar", "load", "unload"]
 
 
+# -- the comm manager and sending ------------------------------------------------------------
+def open_comm(shell: Any, target: str, data: dict[str, Any]) -> Any | None:
+    """Open a comm from the kernel to the frontend's ``target``, with ``data``; None without a
+    kernel. Through the ``comm`` package where the kernel handed it its manager, else with
+    ipykernel 6.17's own class (on Kaggle the package's would reach no frontend)."""
+    kernel = getattr(shell, "kernel", None)
+    manager = getattr(kernel, "comm_manager", None)
+    if kernel is None or manager is None:
+        return None
+    package: Any = sys.modules.get("comm")
+    if package is None and importlib.util.find_spec("comm") is not None:
+        import comm as package
+    if package is not None and package.get_comm_manager() is manager:
+        return package.create_comm(target_name=target, data=data)
+    from ipykernel.comm import Comm
+
+    return Comm(target_name=target, data=data, kernel=kernel)  # type: ignore[no-untyped-call]
+
+
+def sent_by_jupyterlab(kernel: Any) -> bool:
+    """Return whether the request the kernel is handling came from a JupyterLab-family frontend
+    (JupyterLab, Notebook 7): they send the cell's ``cellId`` with it. Classic Notebook and
+    Colab do not, and log an error for a comm whose target they do not know."""
+    try:
+        parent = kernel.get_parent("shell")
+    except Exception:  # an ipykernel without per-channel parents
+        return False
+    metadata = parent.get("metadata") if isinstance(parent, dict) else None
+    return isinstance(metadata, dict) and isinstance(metadata.get("cellId"), str)
+
+
+def send(comm: Any, data: dict[str, Any], home: dict[str, Any] | None, kernel: Any) -> None:
+    """Send ``data`` on ``comm`` as a reply to ``home`` (the message the comm last received).
+
+    JupyterLab sends a comm's messages to a kernel subshell, so they are handled while the main
+    shell runs a cell. ipykernel 7 (``ipykernel.comm.comm.BaseComm.publish_msg``) then routes
+    every later message of that comm to the subshell of the *parent* of the comm's latest
+    outgoing message. A push from the sampler thread or from the main shell's ``post_run_cell``
+    has the main shell's request as parent, so one push would send the next requests to the main
+    shell, where they wait for the running cell. Publishing with the comm's own latest request
+    as parent keeps the routing where the frontend put it.
+    """
+    parent_var = getattr(kernel, "_shell_parent", None)  # ipykernel >= 7: a ContextVar
+    if home is None or not isinstance(parent_var, contextvars.ContextVar):
+        if home is not None and kernel is not None:
+            works("ipykernel.shell_parent")  # a kernel with subshells but without it: said
+        comm.send(data)
+        return
+
+    def publish() -> None:
+        parent_var.set(home)  # only in this copied context: the caller's parent is untouched
+        comm.send(data)
+
+    contextvars.copy_context().run(publish)
+
+
+# -- requests answered on the main thread -----------------------------------------------------
+def on_main_thread(shell: Any, fn: Callable[[], None], delay_s: float = 0.0) -> None:
+    """Run ``fn`` on the kernel's main event loop ``delay_s`` from now (after the running cell);
+    without a kernel (an in-process shell), run it now."""
+    loop = getattr(getattr(shell, "kernel", None), "io_loop", None)
+    if loop is None:
+        fn()
+    elif threading.current_thread() is threading.main_thread():
+        loop.call_later(delay_s, fn)
+    else:
+        loop.add_callback(loop.call_later, delay_s, fn)  # add_callback: the thread-safe one
+
+
+class MainThreadJob:
+    """One kind of request run on the main thread; concurrent requests share one run.
+
+    "Free memory" and "Scan" walk the garbage collector and touch the user's namespace, so they
+    never run on a comm's subshell thread while a cell runs: they are queued on the kernel's
+    main event loop and run after the cell. A request that arrives while a run is queued or
+    running joins it, and every request gets an answer with its own id: the run's reply, or an
+    error naming what it raised.
+
+    In a kernel a run starts ``GATHER_S`` after the first request, not at once: requests sent
+    together (clicks, several sidebars, a frontend resending) reach the kernel one by one, and
+    over the main shell (a frontend without comm subshells) each was read only after the run
+    the one before it started had ended, so 50 of them ran 50 cleanups, one after another, each
+    blocking the kernel (9.8 s). Waiting that short while on the idle loop lets them all join.
+    """
+
+    def __init__(self, name: str, work: Callable[[], dict[str, Any]], shell: Any, answer: Answer):
+        self._name = name
+        self._work = work  # returns the reply's fields; may raise
+        self._shell = shell
+        self._answer = answer
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[Any, str]] = []
+        self._pending = False
+
+    def request(self, comm: Any, rid: str) -> None:
+        """Queue a run, or join the one already queued: each request gets its result."""
+        with self._lock:
+            self._waiters.append((comm, rid))
+            if self._pending:
+                return
+            self._pending = True
+        on_main_thread(self._shell, self._run, GATHER_S)
+
+    def _run(self) -> None:
+        fields: dict[str, Any] = {"error": f"{self._name} was interrupted"}
+        try:
+            fields = {"request": self._name, **self._work()}
+        except Exception as exc:
+            log.exception("kerasmagic: %s failed", self._name)
+            fields = {"error": failure(f"{self._name} failed", exc)}
+        finally:  # an interrupt (KeyboardInterrupt) still answers, then goes on up
+            with self._lock:
+                waiters, self._waiters = self._waiters, []
+                self._pending = False
+            kind = "error" if "error" in fields else "reply"
+            for comm, rid in waiters:
+                self._answer(comm, message(kind, id=rid, **fields))
+
+
+# -- the sidebar -------------------------------------------------------------------------------
 class Sidebar:
     """The open sidebar comms of one shell: answers their requests, pushes monitor updates."""
 
@@ -124,9 +247,7 @@ class Sidebar:
         waits behind them on the shell channel). Only from a JupyterLab-family frontend, where
         the sidebar is installed, off Colab and Kaggle: others log an unknown target."""
         kernel = getattr(self._shell, "kernel", None)
-        if kernel is None or hosted() or not sent_by_jupyterlab(kernel):
-            return
-        if not sidebar_installed():
+        if kernel is None or hosted() or not sent_by_jupyterlab(kernel) or not sidebar_installed():
             return
         try:
             comm = open_comm(self._shell, TARGET, self._state())
@@ -178,12 +299,8 @@ class Sidebar:
             self._send(comm, message("reply", id=rid, request=kind, snapshot=snap))
         elif kind == "history":
             self._send(comm, message("reply", id=rid, request=kind, **self._history()))
-        else:
-            self._request_free(comm, rid)
-
-    def _request_free(self, comm: Any, rid: str) -> None:
-        """Queue a cleanup on the main thread, or join the one already queued."""
-        self._free_job.request(comm, rid)
+        else:  # free_memory: queued on the main thread, or joining the run already queued
+            self._free_job.request(comm, rid)
 
     def _free_fields(self) -> dict[str, Any]:
         """Run the cleanup ``%%fresh_model`` runs before a cell, then push a full snapshot."""

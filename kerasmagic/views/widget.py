@@ -11,16 +11,15 @@ from __future__ import annotations
 import html
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import ipywidgets as widgets
 from traitlets import Bool, Int, List, Unicode
 
-from kerasmagic.live import CellRecord, LiveMonitor
-from kerasmagic.live.leak import LeakVerdict
+from kerasmagic.live import CellRecord, LeakVerdict, LiveMonitor
 from kerasmagic.snapshot import MemorySnapshot
 from kerasmagic.units import fmt_bytes, signed_bytes
-from kerasmagic.views.svg import bar_html, sparkline_svg
 
 log = logging.getLogger(__name__)
 SPARK_CELLS = 50
@@ -28,6 +27,45 @@ PARTS = ("bars", "figures", "spark", "alert")  # each a div of class kerasmagic-
 # JupyterLab's theme variables (light, dark, high contrast); the fallbacks serve other frontends.
 OK_COLOUR = "var(--jp-success-color1, #2e7d32)"  # a mark only: as text it reads 4.1:1 on white
 WARN_COLOUR = "var(--jp-error-color1, #b71c1c)"
+WIDTH, HEIGHT = 300, 40
+BRAND = "var(--jp-brand-color1, #1976d2)"
+WARN = "var(--jp-warn-color1, #f57c00)"
+ERROR = "var(--jp-error-color1, #d32f2f)"
+TRACK = "var(--jp-layout-color3, #bdbdbd)"
+
+
+def bar_html(label: str, used: int, total: int, note: str = "") -> str:
+    """Return a horizontal bar of ``used`` out of ``total`` with both figures and a note."""
+    share = min(1.0, max(0.0, used / total)) if total > 0 else 0.0
+    colour = ERROR if share > 0.9 else WARN if share > 0.7 else BRAND
+    return (
+        "<div style='display:flex;flex-wrap:wrap;align-items:center;gap:8px;font-family:monospace'>"
+        f"<span style='width:4em'>{html.escape(label)}</span>"
+        f"<span style='width:{WIDTH}px;height:12px;background:{TRACK};display:inline-block'>"
+        f"<span style='width:{share * 100:.1f}%;height:12px;background:{colour};"
+        "display:block'></span></span>"
+        f"<span>{fmt_bytes(used)} / {fmt_bytes(total)} ({share:.0%})"
+        f"{' &middot; ' + html.escape(note) if note else ''}</span></div>"
+    )
+
+
+def sparkline_svg(values: Sequence[int], title: str) -> str:
+    """Return an inline SVG sparkline of byte values with its min and max as text."""
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    step, scale = WIDTH / max(1, len(values) - 1), (HEIGHT - 4) / ((high - low) or 1)
+    points = " ".join(
+        f"{i * step:.1f},{HEIGHT - 2 - (v - low) * scale:.1f}" for i, v in enumerate(values)
+    )
+    caption = f"{html.escape(title)} (last {len(values)}): {fmt_bytes(low)} .. {fmt_bytes(high)}"
+    return (
+        f"<div style='font-family:monospace'>{caption}<br>"
+        f"<svg width='{WIDTH}' height='{HEIGHT}' viewBox='0 0 {WIDTH} {HEIGHT}' "
+        "xmlns='http://www.w3.org/2000/svg'>"
+        f"<polyline fill='none' style='stroke:{BRAND}' stroke-width='1.5' points='{points}'/>"
+        "</svg></div>"
+    )
 
 
 def _tf_totals(snap: MemorySnapshot) -> tuple[int | None, int | None]:
@@ -126,9 +164,12 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
             self.show_cell(payload, self._monitor.verdict())
 
     def close(self) -> None:
-        """Stop listening to the monitor and close this widget and its parts."""
+        """Stop listening to the monitor and close this widget and its parts (its own Layout and
+        Style widgets: ``close()`` leaves their comms open)."""
         self._unsubscribe()
-        _close_parts(self)
+        for part in (getattr(self, "layout", None), getattr(self, "style", None)):
+            if isinstance(part, widgets.Widget):
+                part.close()
         super().close()
 
     def show_snapshot(self, snap: MemorySnapshot) -> None:
@@ -243,13 +284,6 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
             f"<div role='alert' style='color:{WARN_COLOUR};font-weight:bold'>"
             f"&#9888; {html.escape(self.warning)}</div>"
         )
-
-
-def _close_parts(widget: widgets.Widget) -> None:
-    """Close a widget's own Layout and Style widgets: ``close()`` leaves their comms open."""
-    for part in (getattr(widget, "layout", None), getattr(widget, "style", None)):
-        if isinstance(part, widgets.Widget):
-            part.close()
 
 
 def _known(*figures: tuple[int | None, str]) -> str:

@@ -28,7 +28,7 @@ export interface ICellMemory {
   /** TensorFlow's tensors (its allocator, exact) at the end and over the cell; absent before 0.1.0's CPU reading. */
   tf_bytes?: number | null;
   tf_delta_bytes?: number | null;
-  /** What the cell's headline was (`headline.py`): the allocator's tensors, VRAM or RSS. */
+  /** What the cell's headline was (`snapshot.py`): the allocator's tensors, VRAM or RSS. */
   lead?: 'allocator' | 'vram' | 'rss';
   warning: string | null;
   /** How the cell ran out of memory, else null; absent from records saved before 0.1.0's OOM. */

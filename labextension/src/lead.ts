@@ -1,5 +1,5 @@
 /**
- * The figure every view leads with, as the kernel computes it (`kerasmagic/headline.py`):
+ * The figure every view leads with, as the kernel computes it (`kerasmagic/snapshot.py`):
  * where the Keras backend keeps allocator figures and there is a GPU, its tensors in use
  * against its limit (the memory that runs out; NVML's reservation stays flat once TensorFlow
  * has reserved the card); else this kernel's VRAM (NVML); else its RSS. The headline, the

@@ -232,7 +232,7 @@ function oomBanner(m: MemoryModel): HTMLElement | null {
 /**
  * The one figure a user wants first, in large type: what runs out first against its limit
  * (the backend's tensors where it keeps figures beside a GPU; else VRAM; else RSS), with
- * NVML's reservation beside it, named as such (`kerasmagic/headline.py`).
+ * NVML's reservation beside it, named as such (`kerasmagic/snapshot.py`).
  */
 function headline(m: MemoryModel, s: ISnapshot): HTMLElement {
   const lead = leadOf(s);
@@ -381,7 +381,7 @@ export function single(model: MemoryModel): IModelSource {
   return { current: model, changed: model.changed };
 }
 
-/** The status item: the headline's figure (`headline.py`); in Notebook 7, each toolbar's. */
+/** The status item: the headline's figure (`snapshot.py`); in Notebook 7, each toolbar's. */
 export class MemoryStatus extends Widget {
   constructor(models: IModelSource, onClick: () => void) {
     super();

@@ -1,10 +1,9 @@
 """TensorFlow: allocator per device (CPU:0 and GPUs), graph and function caches.
 
-The TensorFlow internals live beside this module: ``alloc`` (allocator per device), ``graph``
-(default graph, gradient registry, function library), ``config`` (growth / memory cap),
-``purge`` (custom-gradient registry), ``traces`` (tf.function traces of dropped models),
-``stack`` + ``tracetree`` (string op stack traces), ``traced`` (a model's traced graphs) and
-``mode`` (the main thread's eager mode, put back after an interrupt left it in graph mode).
+The TensorFlow internals live beside this module: ``runtime`` (allocator per device, growth /
+memory cap, the thread's eager mode), ``graphs`` (default graph, gradient registry, function
+library, a model's traced graphs, tf.function traces of dropped models) and ``stack`` (string
+op stack traces).
 """
 
 from __future__ import annotations
@@ -15,18 +14,20 @@ from types import CodeType
 from typing import Any
 
 from kerasmagic.backends import Backend, BackendDevice, BackendInfo, Modes, keras_backend
-from kerasmagic.backends.tensorflow import mode, stack, traced
-from kerasmagic.backends.tensorflow.alloc import TfInfo, read_tf, tf_context
-from kerasmagic.backends.tensorflow.alloc import reset_tf_peaks as reset_peaks
-from kerasmagic.backends.tensorflow.graph import (
+from kerasmagic.backends.tensorflow import runtime, stack
+from kerasmagic.backends.tensorflow.graphs import (
     GraphInfo,
+    clear_stale_traces,
     custom_gradient_count,
+    estimate_bytes,
     function_count,
+    purge_custom_gradients,
     read_graph,
+    traced_ops,
 )
-from kerasmagic.backends.tensorflow.purge import purge_custom_gradients
-from kerasmagic.backends.tensorflow.traces import clear_stale_traces
-from kerasmagic.compat.reaches import works
+from kerasmagic.backends.tensorflow.runtime import TfInfo, read_tf, tf_context
+from kerasmagic.backends.tensorflow.runtime import reset_tf_peaks as reset_peaks
+from kerasmagic.compat.registry import works
 
 RESTORED_EAGER = (
     "kerasmagic: the error stopped TensorFlow as it left graph mode, which left it there; "
@@ -114,8 +115,8 @@ def allocated() -> int | None:
 
 def model_graphs(model: Any) -> tuple[int | None, int | None]:
     """Return the ops of ``model``'s traced functions and their estimated bytes."""
-    ops = traced.traced_ops(model)
-    return ops, traced.estimate_bytes(ops)
+    ops = traced_ops(model)
+    return ops, estimate_bytes(ops)
 
 
 def purge(namespace: Mapping[str, Any]) -> int:
@@ -144,29 +145,27 @@ def attach(stop_at: Sequence[CodeType], patch: bool) -> str | None:
     return stack.install() if patch and "tensorflow" in sys.modules else None
 
 
-def read_modes() -> mode.Mode | None:
+def read_modes() -> runtime.Mode | None:
     """Return the main thread's mode (None before TensorFlow is imported, or if it moved)."""
-    return mode.read_mode() if works("tf.modes") else None
+    return runtime.read_mode() if works("tf.modes") else None
 
 
 def put_back(before: object, failed: bool) -> list[str]:
     """Drop the context switches blocks that are over left (after any cell); after a failed
     one, switch eager execution back on if an interrupt left the thread in graph mode."""
-    start = before if isinstance(before, mode.Mode) else None
+    start = before if isinstance(before, runtime.Mode) else None
     said = []
-    dropped = mode.drop_stale_switches(start)
+    dropped = runtime.drop_stale_switches(start)
     if dropped:
         said.append(RESTORED_SWITCHES.format(n=dropped, ies="y" if dropped == 1 else "ies"))
-    if failed and start is not None and mode.restore_eager(start):
+    if failed and start is not None and runtime.restore_eager(start):
         said.append(RESTORED_EAGER)
     return said
 
 
 def configure(growth: bool, limit_mb: int | None) -> str:
     """Memory growth or a cap per GPU, before TensorFlow starts its devices."""
-    from kerasmagic.backends.tensorflow.config import configure_tensorflow
-
-    return configure_tensorflow(growth, limit_mb)
+    return runtime.configure_tensorflow(growth, limit_mb)
 
 
 BACKEND = Backend(

@@ -1,0 +1,255 @@
+"""What runs out: a device's memory limit, and an out-of-memory error of any Keras backend.
+
+An error is recognised by type and message: the same parser reads a raised exception in the
+kernel and an isolated child's error, which comes back as its type's name and its message only.
+A device's limit is the cap the user set, else the device's size.
+
+TensorFlow's cap on ``CPU:0`` is ``TF_CPU_BFC_MEM_LIMIT_IN_MB``; on a GPU it is the logical
+device's ``memory_limit`` (``%gpu_mem --limit``, ``tf.config.set_logical_device_configuration``),
+read from the physical GPU's configuration, which starts nothing. JAX and PyTorch report their
+own limit (``bytes_limit``; the total, times ``set_per_process_memory_fraction``). Without a
+cap, a GPU's limit is its total (NVML) and a CPU's the host's RAM.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from kerasmagic.backends import BackendInfo
+
+# Bytes per element of the dtype names TensorFlow writes in its OOM message.
+ITEMSIZE = {
+    "float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int16": 2,
+    "int32": 4, "int64": 8, "bool": 1, "complex64": 8, "complex128": 16,
+}  # fmt: skip
+TF_OOM = re.compile(
+    r"OOM when allocating tensor with shape\s*\[(?P<shape>[\d,\s]*)\]\s*and type (?P<dtype>\w+)"
+    r"\s*on (?P<device>\S+)"
+)
+SIZE = r"(?P<{}>[\d.]+ ?(?:bytes|B|[KMGT]i?B))"
+TORCH_WANTED = re.compile(r"Tried to allocate " + SIZE.format("size"))
+TORCH_TOTAL = re.compile(  # 2.1+: "has a total capacity of 79.15 GiB"; older: "79.15 GiB total"
+    r"total capacity of " + SIZE.format("a") + "|" + SIZE.format("b") + " total capacity"
+)
+TORCH_ALLOWED = re.compile(SIZE.format("size") + " allowed")  # set_per_process_memory_fraction
+TORCH_IN_USE = re.compile(  # 2.1+: "76.1 GiB is allocated by PyTorch"; older: "already allocated"
+    SIZE.format("a") + " is allocated by PyTorch|" + SIZE.format("b") + " already allocated"
+)
+TORCH_CPU = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+)")
+JAX_WANTED = re.compile(  # CPU: "Out of memory allocating N bytes"; GPU: "... trying to allocate"
+    r"allocat\w* (?P<bytes>\d+) bytes|allocate request for [\d.]+ ?\w+ \((?P<b>\d+)B\)"
+)
+JAX_DEVICE = re.compile(r"device ordinal (\d+)")
+UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+         "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OomError:
+    """What an out-of-memory error says: backend, device, and what the failed allocation wanted.
+
+    ``in_use_bytes`` and ``limit_bytes`` are what the message itself says of the allocator at
+    the failure (PyTorch's CUDA message does), else None.
+    """
+
+    backend: str  # "tensorflow", "torch", "jax"
+    device: str | None  # "CPU:0", "GPU:0"
+    wanted_bytes: int | None
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    in_use_bytes: int | None = None
+    limit_bytes: int | None = None
+
+
+def find_oom(error: BaseException | None) -> OomError | None:
+    """Return the OOM in ``error`` or what it was raised from, else None.
+
+    An isolated cell's error (``IsolatedError``) is read from the child's error type and
+    message, which it carries as ``outcome``.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        outcome = getattr(error, "outcome", None)
+        kind = getattr(outcome, "error_type", None)
+        if isinstance(kind, str):
+            text = getattr(outcome, "error_message", None) or getattr(outcome, "error", "")
+            found = parse_oom(kind, "", str(text or ""))
+        else:
+            found = parse_oom(type(error).__name__, type(error).__module__ or "", str(error))
+        if found is not None:
+            return found
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def parse_oom(kind: str, module: str, text: str) -> OomError | None:
+    """Return the OOM an error of type ``kind`` (from ``module``, if known) says, else None."""
+    kind = kind.rsplit(".", 1)[-1]
+    if kind == "ResourceExhaustedError" or "OOM when allocating" in text:
+        return _tensorflow(text)
+    torch_type = kind == "OutOfMemoryError" and (not module or module.startswith("torch"))
+    if torch_type or "CUDA out of memory" in text:
+        return _torch_cuda(text)
+    cpu = TORCH_CPU.search(text)
+    if cpu is not None:
+        return OomError("torch", "cpu", int(cpu[1]), None, None)
+    if "RESOURCE_EXHAUSTED" in text and (kind in JAX_ERRORS or text.lstrip().startswith("RES")):
+        match = JAX_WANTED.search(text)
+        wanted = match["bytes"] or match["b"] if match else None
+        ordinal = JAX_DEVICE.search(text)
+        device = f"gpu:{ordinal[1]}" if ordinal else None
+        return OomError("jax", device, int(wanted) if wanted else None, None, None)
+    return None
+
+
+JAX_ERRORS = ("JaxRuntimeError", "XlaRuntimeError")  # jax.errors; jaxlib's older name
+
+
+def _size(match: re.Match[str] | None) -> int | None:
+    """Return the bytes of a matched ``SIZE`` group (whichever alternative matched)."""
+    if match is None:
+        return None
+    said = next(g for g in match.groups() if g)
+    number, unit = re.fullmatch(r"([\d.]+) ?(\w+)", said).groups()  # type: ignore[union-attr]
+    return int(float(number) * UNITS[unit])
+
+
+def _torch_cuda(text: str) -> OomError:
+    gpu = re.search(r"GPU (\d+)", text)
+    limit = _size(TORCH_ALLOWED.search(text)) or _size(TORCH_TOTAL.search(text))
+    wanted, in_use = _size(TORCH_WANTED.search(text)), _size(TORCH_IN_USE.search(text))
+    device = f"cuda:{gpu[1]}" if gpu else None
+    return OomError("torch", device, wanted, None, None, in_use, limit)
+
+
+def _tensorflow(text: str) -> OomError:
+    match = TF_OOM.search(text)
+    if match is None:
+        return OomError("tensorflow", None, None, None, None)
+    shape = tuple(int(n) for n in match["shape"].replace(" ", "").split(",") if n)
+    size = ITEMSIZE.get(match["dtype"])
+    wanted = None if size is None else math.prod(shape) * size
+    device = match["device"].rsplit("device:", 1)[-1]
+    return OomError("tensorflow", device, wanted, shape, match["dtype"])
+
+
+# -- a device's limit, and where it comes from --------------------------------------------------
+class Sized(Protocol):
+    """A GPU as NVML reads it (``probes.nvml.GpuDevice``): its total bytes."""
+
+    @property
+    def total_bytes(self) -> int: ...
+
+
+CPU_CAP_VAR = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+TF_CAP = "TensorFlow's memory_limit"
+GPU_TOTAL = "the GPU's total"
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A device's memory limit in bytes, and where it comes from (in words)."""
+
+    bytes: int
+    source: str
+
+
+def is_cpu(device: str | None) -> bool:
+    """Return True for a CPU device name (``CPU:0``, ``cpu:0``, ``cpu``)."""
+    return device is not None and device.lower().startswith("cpu")
+
+
+def index_of(device: str | None) -> int:
+    """Return a device name's index (``GPU:1`` -> 1; ``cuda`` -> 0)."""
+    tail = (device or "").rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def tf_logical_gpus(tf: Any) -> list[tuple[int, int | None]]:
+    """Return each logical GPU of TensorFlow as (physical index, memory_limit in MB or None).
+
+    Reads the configuration set on each physical GPU; never starts TensorFlow's runtime.
+    """
+    out: list[tuple[int, int | None]] = []
+    for physical, gpu in enumerate(tf.config.list_physical_devices("GPU")):
+        configs = tf.config.get_logical_device_configuration(gpu) or [None]
+        out.extend((physical, getattr(c, "memory_limit", None)) for c in configs)
+    return out
+
+
+def tf_gpu_limit(
+    index: int, logical: Sequence[tuple[int, int | None]], totals: Sequence[int]
+) -> Limit | None:
+    """Return the limit of TensorFlow's ``GPU:index``: its memory_limit, else its GPU's total.
+
+    ``logical`` is ``tf_logical_gpus``'s answer, ``totals`` each visible GPU's bytes (NVML).
+    """
+    physical, cap_mb = logical[index] if index < len(logical) else (index, None)
+    if cap_mb:
+        return Limit(int(cap_mb) * 2**20, TF_CAP)
+    return Limit(totals[physical], GPU_TOTAL) if physical < len(totals) else None
+
+
+def tf_cpu_cap() -> Limit | None:
+    """Return the cap of TensorFlow's capped CPU allocator, if one is set."""
+    cap = os.environ.get(CPU_CAP_VAR, "")
+    return Limit(int(cap) * 2**20, CPU_CAP_VAR) if cap.isdigit() else None
+
+
+def device_limit(
+    backend: str,
+    device: str | None,
+    gpus: Sequence[Sized],
+    reported: int | None = None,
+    host_total: int | None = None,
+) -> Limit | None:
+    """Return the memory limit of ``backend``'s ``device`` where it is known.
+
+    ``reported`` is the backend's own figure (JAX's ``bytes_limit``, PyTorch's capped total);
+    ``host_total`` the host's RAM, the limit of a CPU without a cap.
+    """
+    if backend == "tensorflow" and is_cpu(device):
+        return tf_cpu_cap() or (Limit(host_total, "host RAM") if host_total else None)
+    if backend == "tensorflow" and device is not None:
+        tf = sys.modules.get("tensorflow")
+        logical = tf_logical_gpus(tf) if tf is not None else []
+        return tf_gpu_limit(index_of(device), logical, [g.total_bytes for g in gpus])
+    if reported:
+        return Limit(reported, f"{_label(backend)}'s limit")
+    if is_cpu(device) and host_total:
+        return Limit(host_total, "host RAM")
+    index = index_of(device)
+    return Limit(gpus[index].total_bytes, GPU_TOTAL) if device and index < len(gpus) else None
+
+
+def reported_limit(backends: Sequence[BackendInfo], backend: str, device: str | None) -> int | None:
+    """Return the limit the backend itself reports for ``device``, if any."""
+    for info in backends:
+        for d in info.devices if info.name == backend else ():
+            if same_device(d.name, device):
+                return d.limit_bytes
+    return None
+
+
+def same_device(a: str | None, b: str | None) -> bool:
+    """Return True when two names mean the same device (``cuda:0`` is ``GPU:0``)."""
+    if a is None or b is None:
+        return a is b
+
+    def norm(name: str) -> str:
+        kind, _, index = name.lower().replace("cuda", "gpu").partition(":")
+        return f"{kind}:{index or '0'}"
+
+    return norm(a) == norm(b)
+
+
+def _label(backend: str) -> str:
+    return {"tensorflow": "TensorFlow", "torch": "PyTorch", "jax": "JAX"}.get(backend, backend)

@@ -1,0 +1,229 @@
+"""TensorFlow's runtime: the allocator per device (CPU:0 and GPUs), the memory configuration
+(growth, a cap) and the thread's eager mode, put back after an interrupt left it in graph mode.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from kerasmagic.compat.registry import loaded, works
+
+
+# -- alloc: TensorFlow's own allocator figures, read only when the user has imported TensorFlow
+@dataclass(frozen=True)
+class TfDeviceMemory:
+    """Bytes TensorFlow's allocator has in use on one device now and at its peak.
+
+    ``kind`` is "cpu" or "gpu": with oneDNN (TensorFlow's default on x86-64 Linux) or
+    ``TF_CPU_ALLOCATOR_USE_BFC=true``, CPU tensors live on a BFC allocator that keeps the same
+    exact statistics as a GPU's.
+    """
+
+    device: str
+    current_bytes: int
+    peak_bytes: int
+    kind: str = "gpu"
+
+
+@dataclass(frozen=True)
+class TfInfo:
+    """Whether TensorFlow is imported and its runtime started, and allocator use per device."""
+
+    imported: bool
+    initialized: bool
+    devices: tuple[TfDeviceMemory, ...]
+
+    @property
+    def current_bytes(self) -> int | None:
+        """Return the bytes of TensorFlow tensors over every device that keeps statistics."""
+        return sum(d.current_bytes for d in self.devices) if self.devices else None
+
+    @property
+    def gpu_devices(self) -> tuple[TfDeviceMemory, ...]:
+        """Return the GPU devices only (what VRAM is compared with)."""
+        return tuple(d for d in self.devices if d.kind == "gpu")
+
+
+def tf_context() -> Any | None:
+    """Return TensorFlow's eager context if TensorFlow is imported, without importing it.
+
+    None while ``import tensorflow`` is still running (another thread may be sampling).
+    """
+    module = loaded("tensorflow.python.eager.context")
+    if module is None:
+        return None
+    return module.context() if works("tf.context") else None  # moved: said once, by compat
+
+
+def runtime_initialized() -> bool:
+    """Return True once TensorFlow has created its devices (GPU memory may be taken)."""
+    ctx = tf_context()
+    return ctx is not None and getattr(ctx, "_context_handle", None) is not None
+
+
+def gpu_device_names() -> list[str]:
+    """Return TensorFlow's logical GPU names ("GPU:0", ...) once its runtime is up."""
+    ctx = tf_context()
+    if ctx is None or not runtime_initialized():
+        return []
+    return [f"GPU:{i}" for i, _ in enumerate(ctx.list_logical_devices("GPU"))]
+
+
+def stat_device_names() -> list[tuple[str, str]]:
+    """Return (name, kind) of every device whose allocator may keep statistics: CPU:0, GPUs."""
+    if not runtime_initialized():
+        return []
+    return [("CPU:0", "cpu")] + [(name, "gpu") for name in gpu_device_names()]
+
+
+def read_tf() -> TfInfo:
+    """Return allocator use per device; never imports TensorFlow or starts its runtime.
+
+    A device without statistics (CPU with ``TF_ENABLE_ONEDNN_OPTS=0``, some builds) is left out.
+    """
+    if "tensorflow" not in sys.modules or tf_context() is None:
+        return TfInfo(imported=False, initialized=False, devices=())
+    if not runtime_initialized():
+        return TfInfo(imported=True, initialized=False, devices=())
+    tf = sys.modules["tensorflow"]
+    devices = []
+    for name, kind in stat_device_names():
+        try:
+            info = tf.config.experimental.get_memory_info(name)
+        except (ValueError, RuntimeError):  # "Allocator stats not available" on this device
+            continue
+        devices.append(TfDeviceMemory(name, int(info["current"]), int(info["peak"]), kind))
+    return TfInfo(imported=True, initialized=True, devices=tuple(devices))
+
+
+def reset_tf_peaks() -> list[str]:
+    """Reset TensorFlow's peak counter on every device that keeps one; return those reset."""
+    if not runtime_initialized():
+        return []
+    tf = sys.modules["tensorflow"]
+    done = []
+    for name, _ in stat_device_names():
+        try:
+            tf.config.experimental.reset_memory_stats(name)
+        except (ValueError, RuntimeError):
+            continue
+        done.append(name)
+    return done
+
+
+# -- config: TensorFlow's GPU memory settings, which only work before it starts its devices
+TOO_LATE = (
+    "too late: TensorFlow has already initialised its GPUs in this kernel. Restart the kernel "
+    "and run this first (or set TF_FORCE_GPU_ALLOW_GROWTH=true before importing TensorFlow)."
+)
+
+
+def configure_tensorflow(growth: bool = False, limit_mb: int | None = None) -> str:
+    """Turn on TensorFlow's memory growth and/or cap each GPU at ``limit_mb``.
+
+    Imports TensorFlow if needed (the user asked for it), but never raises for a machine
+    without GPUs or for a runtime that has already started: the message says so.
+    """
+    tf = importlib.import_module("tensorflow")
+    gpus = tf.config.list_physical_devices("GPU")  # safe: does not start the runtime
+    if not gpus:
+        return "no GPU visible to TensorFlow: nothing to configure"
+    if runtime_initialized():
+        return TOO_LATE
+    try:
+        for gpu in gpus:
+            if limit_mb is not None:
+                config = tf.config.LogicalDeviceConfiguration(memory_limit=limit_mb)
+                tf.config.set_logical_device_configuration(gpu, [config])
+            elif growth:
+                tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError:
+        return TOO_LATE
+    what = f"memory capped at {limit_mb} MB" if limit_mb is not None else "memory growth on"
+    return f"{what} for {len(gpus)} GPU(s)"
+
+
+# -- mode: TensorFlow's execution mode on the main thread, and putting it back after an interrup
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """The thread's execution mode and the depth of its two context stacks."""
+
+    eager: bool
+    switches: int  # TF's context switches (1 at a cell's top level: eager)
+    graphs: int  # graphs entered as the default (0 at a cell's top level)
+
+
+def read_mode() -> Mode | None:
+    """Return this thread's mode, or None before TensorFlow is imported (never imports it)."""
+    ctx = tf_context()
+    ops = sys.modules.get("tensorflow.python.framework.ops")
+    if ctx is None or ops is None:
+        return None
+    graphs = getattr(getattr(ops, "_default_graph_stack", None), "stack", ())
+    return Mode(bool(ctx.executing_eagerly()), len(ctx.context_switches.stack), len(graphs))
+
+
+AT_START = Mode(True, 1, 0)  # a thread's state when TensorFlow is first imported
+
+
+def drop_stale_switches(before: Mode | None) -> int:
+    """Pop the context switches left above ``before`` by blocks that are over; return how many.
+
+    An entry stays while its block is open: a graph's while that graph is on the default-graph
+    stack and the thread is in graph mode; an eager one (``init_scope`` in a graph) while a
+    graph entered since ``before`` is still open. Anything above the last such entry is left by
+    an interrupted entry or exit.
+    """
+    try:
+        return _drop_stale_switches(before)
+    except Exception:  # TF's private stacks renamed: a warning once, never a per-cell error
+        if not _failed:
+            _failed.append(True)
+            log.warning("kerasmagic: could not read TensorFlow's context switches", exc_info=True)
+        return 0
+
+
+_failed: list[bool] = []
+
+
+def _drop_stale_switches(before: Mode | None) -> int:
+    ctx, ops = tf_context(), sys.modules.get("tensorflow.python.framework.ops")
+    if ctx is None or ops is None:
+        return 0
+    start = before or AT_START
+    stack = ctx.context_switches.stack
+    if len(stack) <= max(1, start.switches):  # the cell's end, nearly always: nothing to read
+        return 0
+    graphs = list(getattr(getattr(ops, "_default_graph_stack", None), "stack", ()))
+    opened = graphs[start.graphs :]
+    dropped = 0
+    while len(stack) > max(1, start.switches):
+        graph = getattr(stack[-1].enter_context_fn, "__self__", None)
+        if graph is not None:
+            still_open = any(g is graph for g in opened) and not ctx.executing_eagerly()
+        else:
+            still_open = bool(opened)
+        if still_open:
+            break
+        stack.pop()
+        dropped += 1
+    return dropped
+
+
+def restore_eager(before: Mode) -> bool:
+    """Switch the thread back to eager mode if it was eager ``before`` and is now in graph mode
+    with no ``with`` block still open (both stacks as deep as before); True if it did."""
+    now, ctx = read_mode(), tf_context()
+    if now is None or ctx is None or not before.eager or now.eager:
+        return False
+    if (now.switches, now.graphs) != (before.switches, before.graphs):
+        return False  # a suspended block holds the switch and undoes it when it is collected
+    ctx._thread_local_data.is_eager = True  # what Context._mode's finally does
+    return bool(ctx.executing_eagerly())

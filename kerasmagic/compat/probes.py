@@ -1,0 +1,405 @@
+"""The probes of every private structure in ``registry.REACHES``: each reads what kerasmagic
+reads, from ``sys.modules``, never creating an object a user sees, and returns None when it
+looks as expected, else what differs in a few words ("moved global_state.get_attribute")."""
+
+from __future__ import annotations
+
+import contextvars
+import ctypes
+import functools
+import inspect
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def module(name: str) -> Any:
+    return sys.modules[name]
+
+
+def sets(function: Any, *names: str) -> str | None:
+    """Return None if ``function``'s code (unwrapped) names every one of ``names``."""
+    code = getattr(inspect.unwrap(function), "__code__", None)
+    found = set(code.co_names) if code is not None else set()
+    missing = [n for n in names if n not in found]
+    return None if not missing else f"no longer sets {', '.join(missing)}"
+
+
+def has(obj: Any, path: str, *names: str, call: bool = False) -> str | None:
+    """Return None if ``obj`` has every attribute in ``names`` (callable, with ``call``)."""
+    for name in names:
+        value = getattr(obj, name, None)
+        if value is None or (call and not callable(value)):
+            return f"moved {path}.{name}"
+    return None
+
+
+def params(function: Any, path: str, *names: str) -> str | None:
+    try:
+        found = set(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return f"changed {path}'s signature"
+    missing = [n for n in names if n not in found]
+    return None if not missing else f"changed {path}'s arguments (no {', '.join(missing)})"
+
+
+def first(*checks: Callable[[], str | None]) -> str | None:
+    """Return the first check's finding that is not None (each runs only if the ones before
+    passed, so a later one may rely on what an earlier one found)."""
+    for check in checks:
+        found = check()
+        if found is not None:
+            return found
+    return None
+
+
+OPS = "tensorflow.python.framework.ops"
+CONTEXT = "tensorflow.python.eager.context"
+FUNCTION = "tensorflow.python.eager.polymorphic_function.polymorphic_function"
+CACHE = "tensorflow.core.function.polymorphism.function_cache"
+STACK = "tensorflow.python.util.tf_stack"
+STATE = "keras.src.backend.common.global_state"
+
+
+# -- TensorFlow --------------------------------------------------------------------------------
+def gradient_registry(_: Any) -> str | None:
+    registry = getattr(getattr(module(OPS), "gradient_registry", None), "_registry", None)
+    if not isinstance(registry, dict):
+        return "moved ops.gradient_registry._registry"
+    if any(type(key) is not str for key in list(registry)):
+        return "keys ops.gradient_registry._registry by something else than names"
+    return None
+
+
+def graph_class(_: Any) -> str | None:
+    graph = getattr(module(OPS), "Graph", None)
+    if not isinstance(graph, type) or "__slots__" in vars(graph):
+        return "changed ops.Graph (no attributes of its own)"
+    return None
+
+
+def context(_: Any) -> str | None:
+    context = module(CONTEXT).context()
+    return first(
+        lambda: has(context, "context()", "list_function_names", "list_logical_devices"),
+        lambda: None if hasattr(context, "_context_handle") else "moved context()._context_handle",
+    )
+
+
+def modes(_: Any) -> str | None:
+    context = module(CONTEXT).context()
+    stack = getattr(getattr(context, "context_switches", None), "stack", None)
+    graphs = getattr(getattr(module(OPS), "_default_graph_stack", None), "stack", None)
+    if not isinstance(stack, list) or not isinstance(graphs, list):
+        return "moved context().context_switches.stack or ops._default_graph_stack"
+    local = getattr(context, "_thread_local_data", None)
+    return None if hasattr(local, "is_eager") else "moved context()._thread_local_data.is_eager"
+
+
+def traces(_: Any) -> str | None:
+    function: Any = getattr(module(FUNCTION), "Function", None)
+    cache: Any = getattr(sys.modules.get(CACHE), "FunctionCache", None)
+    if not isinstance(function, type) or not isinstance(cache, type):
+        return "moved Function or FunctionCache"
+    return first(
+        lambda: has(function, "Function", "_list_all_concrete_functions", call=True),
+        lambda: sets(vars(function).get("__init__"), "_variable_creation_config", "_lock"),
+        lambda: params(
+            getattr(cache, "delete", None), "FunctionCache.delete", "function_type", "context"
+        ),
+        lambda: sets(vars(cache).get("__init__"), "_primary"),
+    )
+
+
+def first_call(_: Any) -> str | None:
+    function = module(FUNCTION).Function
+    code = inspect.unwrap(function._initialize).__code__
+    return None if "add_initializers_to" in code.co_cellvars else "moved add_initializers_to"
+
+
+def stack(_: Any) -> str | None:
+    tf_stack = module(STACK)
+    native = getattr(tf_stack, "_tf_stack", None)
+    return first(
+        lambda: has(tf_stack, "tf_stack", "extract_stack", "_source_mapper_stacks"),
+        lambda: has(tf_stack, "tf_stack", "_source_filter_stacks"),
+        lambda: has(native, "_tf_stack", "LoadTracesFromDebugInfo", call=True),
+        lambda: sets(module(OPS)._create_c_op, "tf_stack", "extract_stack"),
+    )
+
+
+def debug_info(_: Any) -> str | None:
+    """The bytes themselves are checked where they are made (``stack.install``)."""
+    native = getattr(module(STACK), "_tf_stack", None)
+    return has(native, "_tf_stack", "LoadTracesFromDebugInfo", call=True)
+
+
+def traced_graphs(_: Any) -> str | None:
+    function = module(FUNCTION).Function
+    return has(function, "Function", "_list_all_concrete_functions", call=True)
+
+
+# -- Keras 3 -----------------------------------------------------------------------------------
+def global_state(_: Any) -> str | None:
+    state = module(STATE)
+    return first(
+        lambda: has(state, "global_state", "get_global_attribute", "set_global_attribute"),
+        lambda: params(state.get_global_attribute, "get_global_attribute", "name", "default"),
+    )
+
+
+def name_uids(_: Any) -> str | None:
+    uids = module(STATE).get_global_attribute("object_name_uids")
+    if uids is None or isinstance(uids, Mapping):
+        return None
+    return "keeps object_name_uids as something else than a mapping"
+
+
+def flatten(_: Any) -> str | None:
+    layer = getattr(module("keras.src.layers.layer"), "Layer", None)
+    flatten = getattr(layer, "_flatten_layers", None)
+    if flatten is None:
+        return "moved Layer._flatten_layers"
+    return params(flatten, "Layer._flatten_layers", "include_self", "recursive")
+
+
+def outbound(_: Any) -> str | None:
+    operation = module("keras.src.ops.operation").Operation
+    node = getattr(sys.modules.get("keras.src.ops.node"), "Node", None)
+    return first(
+        lambda: sets(operation.__init__, "_outbound_nodes", "_inbound_nodes"),
+        lambda: sets(node.__init__, "operation") if node else "moved ops.node.Node",
+    )
+
+
+def history(_: Any) -> str | None:
+    node = module("keras.src.ops.node")
+    fields = getattr(getattr(node, "KerasHistory", None), "_fields", ())
+    if tuple(fields[:2]) != ("operation", "node_index"):
+        return "changed KerasHistory"
+    return sets(node.Node.__init__, "_keras_history")
+
+
+def callback(_: Any) -> str | None:
+    callback = module("keras.src.callbacks.callback").Callback()
+    marker = object()
+    callback.set_model(marker)
+    return None if vars(callback).get("_model") is marker else "moved Callback._model"
+
+
+def optimizer_build(_: Any) -> str | None:
+    base = getattr(module("keras.src.optimizers.base_optimizer"), "BaseOptimizer", None)
+    return None if "build" in vars(base or object) else "moved BaseOptimizer.build"
+
+
+def variables(_: Any) -> str | None:
+    variables = module("keras.src.backend.common.variables")
+    if any(isinstance(getattr(variables, n, None), type) for n in ("Variable", "KerasVariable")):
+        return None
+    return "moved backend.common.variables.Variable"
+
+
+def backend_name(_: Any) -> str | None:
+    return has(module("keras.src.backend.config"), "backend.config", "backend", call=True)
+
+
+def sequential(_: Any) -> str | None:
+    sequential = module("keras.src.models.sequential").Sequential
+    return sets(getattr(sequential, "_maybe_rebuild", None), "_functional")
+
+
+def trainer(_: Any) -> str | None:
+    """On a backend that cannot train (Keras's numpy) there is no train function to check."""
+    make = getattr(module("keras.src.models.model").Model, "make_train_function", None)
+    return None if make is None else params(make, "Model.make_train_function", "force")
+
+
+# -- legacy tf-keras ---------------------------------------------------------------------------
+def tf_keras_uids(_: Any) -> str | None:
+    uids = getattr(module("tf_keras.src.backend"), "PER_GRAPH_OBJECT_NAME_UIDS", None)
+    return None if isinstance(uids, Mapping) else "moved backend.PER_GRAPH_OBJECT_NAME_UIDS"
+
+
+def tf_keras_outbound(_: Any) -> str | None:
+    layer = module("tf_keras.src.engine.base_layer").Layer
+    if not isinstance(vars(layer).get("_outbound_nodes"), property):
+        return "moved Layer._outbound_nodes"
+    return sets(layer.__init__, "_outbound_nodes_value")
+
+
+def tf_keras_build(_: Any) -> str | None:
+    base = getattr(module("tf_keras.src.optimizers.optimizer"), "_BaseOptimizer", None)
+    return None if "build" in vars(base or object) else "moved _BaseOptimizer.build"
+
+
+# -- JAX and PyTorch ---------------------------------------------------------------------------
+def jax_started(_: Any) -> str | None:
+    return has(module("jax._src.xla_bridge"), "xla_bridge", "backends_are_initialized")
+
+
+def jax_compiled(_: Any) -> str | None:
+    cached = getattr(module("jax._src.interpreters.pxla"), "_cached_compilation", None)
+    return has(cached, "pxla._cached_compilation", "cache_info", call=True)
+
+
+def dynamo(_: Any) -> str | None:
+    return has(module("torch._dynamo"), "torch._dynamo", "reset", call=True)
+
+
+# -- IPython and ipykernel (probed against the shell kerasmagic loads into) --------------------
+def compiler(shell: Any) -> str | None:
+    return has(shell.compile, "compile", "cache", "extra_flags", "ast_parse", call=True)
+
+
+def cell_names(shell: Any) -> str | None:
+    """IPython 8 names a cell ``Cell In[N]`` through this map; IPython 7 writes N into the
+    file name itself and has none."""
+    if isinstance(getattr(shell.compile, "_filename_map", None), dict):
+        return None
+    old = module("IPython").version_info < (8,)
+    return None if old else "moved compile._filename_map"
+
+
+def render_hook(shell: Any) -> str | None:
+    """IPython shows an exception whose ``_render_traceback_`` it finds as that method says."""
+    showtraceback = inspect.unwrap(type(shell).showtraceback)
+    code = getattr(showtraceback, "__code__", None)
+    names = set(code.co_names) if code is not None else set()
+    return None if "_render_traceback_" in names else "no longer calls _render_traceback_"
+
+
+def run_code(shell: Any) -> str | None:
+    code = getattr(getattr(type(shell), "run_code", None), "__code__", None)
+    return None if code is not None else "moved InteractiveShell.run_code"
+
+
+def traceback(shell: Any) -> str | None:
+    """``InteractiveTB.tb`` exists once the debugger ran (ultratb sets it then): cleared when
+    there, so only the formatter is checked."""
+    return has(shell.InteractiveTB, "InteractiveTB", "structured_traceback", call=True)
+
+
+def events(shell: Any) -> str | None:
+    callbacks = getattr(shell.events, "callbacks", None)
+    if isinstance(callbacks, dict) and isinstance(callbacks.get("post_execute"), list):
+        return None
+    return "moved events.callbacks"
+
+
+def magics(shell: Any) -> str | None:
+    manager = shell.magics_manager
+    ok = isinstance(getattr(manager, "magics", None), dict) and isinstance(
+        getattr(manager, "registry", None), dict
+    )
+    return None if ok else "moved magics_manager.magics or .registry"
+
+
+def output_cache(shell: Any) -> str | None:
+    hook = shell.displayhook
+    if all(hasattr(hook, n) for n in ("_", "__", "___")) and isinstance(shell.user_ns_hidden, dict):
+        return None
+    return "moved displayhook._, __, ___ or user_ns_hidden"
+
+
+def transformers(shell: Any) -> str | None:
+    lists = (shell.input_transformers_cleanup, shell.ast_transformers)
+    return None if all(isinstance(x, list) for x in lists) else "moved its transformer lists"
+
+
+def shell_parent(shell: Any) -> str | None:
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None or not hasattr(kernel, "shell_channel_thread"):
+        return None  # no kernel, or one without subshells (ipykernel 6): nothing to keep apart
+    parent = getattr(kernel, "_shell_parent", None)
+    return None if isinstance(parent, contextvars.ContextVar) else "moved Kernel._shell_parent"
+
+
+def handler_hooks(shell: Any) -> str | None:
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
+        return None
+    base = module("ipykernel.kernelbase").Kernel
+    return has(base, "Kernel", "pre_handler_hook", "post_handler_hook", call=True)
+
+
+def io_loop(shell: Any) -> str | None:
+    loop = getattr(getattr(shell, "kernel", None), "io_loop", None)
+    if getattr(shell, "kernel", None) is None:
+        return None
+    return has(loop, "kernel.io_loop", "add_callback", "call_later", call=True)
+
+
+def comm_manager(shell: Any) -> str | None:
+    manager = find_comm_manager(shell)
+    if manager is None:
+        return None  # no kernel and no comm package: no frontend to open a sidebar
+    return first(
+        lambda: has(manager, "comm manager", "register_target", "unregister_target", call=True),
+        lambda: None if isinstance(getattr(manager, "targets", None), dict) else "moved .targets",
+    )
+
+
+def widget_messages(_: Any) -> str | None:
+    widget = getattr(module("ipywidgets.widgets.widget"), "Widget", None)
+    return has(widget, "Widget", "_handle_msg", call=True)
+
+
+# -- CPython and glibc -------------------------------------------------------------------------
+def mallopt(_: Any) -> str | None:
+    libc = find_libc()
+    if libc is None or not sys.platform.startswith("linux"):
+        return None  # not Linux: nothing to pin, said by %load_ext's own line if asked
+    return None if hasattr(libc, "mallopt") else "has no mallopt (not glibc)"
+
+
+def bytecode(_: Any) -> str | None:
+    """The opcodes themselves are checked by version where they are read (``interrupts``)."""
+    return has(module("dis"), "dis", "_parse_exception_table", "get_instructions", call=True)
+
+
+def frames(_: Any) -> str | None:
+    return has(sys, "sys", "_getframe", call=True)
+
+
+def signal_module(_: Any) -> str | None:
+    return has(module("_signal"), "_signal", "signal", "default_int_handler", call=True)
+
+
+def module_spec(_: Any) -> str | None:
+    bootstrap = getattr(module("importlib"), "_bootstrap", None)
+    return sets(getattr(bootstrap, "_load_unlocked", None), "_initializing")
+
+
+def referrers(_: Any) -> str | None:
+    return has(module("gc"), "gc", "get_referrers", "get_objects", call=True)
+
+
+# -- the registry's accessors of what the probes above check -----------------------------------
+@functools.cache
+def find_libc() -> ctypes.CDLL | None:
+    """Return the C library this process runs on (Linux), once (reach ``glibc.mallopt``)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None)  # the process's own symbols: libc's malloc is among them
+    except OSError:
+        return None
+
+
+def find_comm_manager(shell: Any) -> Any | None:
+    """Return the comm manager of ``shell``'s kernel, else the ``comm`` package's, else None.
+
+    ipykernel >= 6.18 hands its manager to the ``comm`` package, so ``comm.get_comm_manager()``
+    is the kernel's. ipykernel 6.17 (Colab's and Kaggle's) predates that package: its manager is
+    ``kernel.comm_manager``, and on Kaggle, where ``comm`` is installed beside it, the package's
+    manager is a stand-in that no frontend message ever reaches. So the kernel's own manager
+    comes first; the ``comm`` package's serves a shell without a kernel (tests, a terminal).
+    """
+    manager = getattr(getattr(shell, "kernel", None), "comm_manager", None)
+    if manager is not None:
+        return manager
+    try:
+        import comm
+    except ImportError:  # ipykernel 6.17 without the comm package, and no kernel: no comms
+        return None
+    return comm.get_comm_manager()

@@ -1,1 +1,0 @@
-"""The process's native memory outside any framework: glibc's heap (``heap``)."""
