@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kerasmagic.compat.registry import works
+
 # What each variant does between models: the progress line's label and the table's first column.
 VARIANTS = {
     "none": "no cleanup (model reassigned)",
@@ -93,7 +95,7 @@ def run_loop(
             del model
         gc.collect()
         rss.append(proc.memory_info().rss / 2**20)
-        objects.append(float(len(gc.get_objects())))
+        objects.append(float(len(gc.get_objects())) if works("cpython.referrers") else 0.0)
         if on_model is not None:
             on_model(len(rss))
     return LoopResult(

@@ -18,6 +18,7 @@ from kerasmagic import backends
 from kerasmagic.cells.run import RUNNERS
 from kerasmagic.cleanup import pin_mmap_threshold
 from kerasmagic.compat import notes_at_load, say_once, unwatch, watch
+from kerasmagic.compat.registry import works
 from kerasmagic.shellstate import ShellState, any_loaded, forget, register, state_of
 
 PARTS: tuple[tuple[str, str], ...] = (
@@ -51,7 +52,8 @@ def load(shell: Any) -> None:
     except BaseException:
         _unload(state)  # never half loaded: a retry starts from nothing
         raise
-    runners = (*RUNNERS, getattr(type(shell), "run_code", None))
+    run_code = getattr(type(shell), "run_code", None) if works("ipython.run_code", shell) else None
+    runners = (*RUNNERS, run_code)
     cells = [code for code in (getattr(r, "__code__", None) for r in runners) if code is not None]
     backends.attach(cells, magics.patch_stack_traces)  # op traces end at the cell's frames
     said = pin_mmap_threshold(magics.mmap_threshold_mb)  # big freed blocks go back to the OS
@@ -75,11 +77,12 @@ def _unload(state: ShellState) -> None:
             _part(module).unload(state, state.parts.pop(name))
     shell, magics = state.shell, state.magics
     manager = shell.magics_manager
-    for kind, names in magics.magics.items():
+    ours = works("ipython.magics", shell)  # moved: said once, by compat; the magics stay
+    for kind, names in magics.magics.items() if ours else ():
         for name in names:
             if manager.magics[kind].get(name) is not None and _owner(manager, kind, name) is magics:
                 manager.magics[kind].pop(name, None)
-    if manager.registry.get(type(magics).__name__) is magics:
+    if ours and manager.registry.get(type(magics).__name__) is magics:
         manager.registry.pop(type(magics).__name__, None)
     configurables = getattr(shell, "configurables", [])  # Magics.__init__ appended it there
     if magics in configurables:

@@ -289,6 +289,9 @@ class KerasMagics(Magics):
             return run_cell_isolated(self.ip, args, cell)
         if any(getattr(args, name) is not None for name in ISOLATE_FLAGS):
             raise UsageError("--inputs, --outputs, --timeout, --gpus and --on need --isolate")
+        if not registry.works("ipython.compiler", self.ip):  # moved: said once, by compat
+            self.ip.run_cell(cell)  # %%fresh_model is off: the cell runs as a plain one
+            return None
         header = f"%%fresh_model {line}".rstrip()
         # Ctrl-C is held from here to the cell's start: a collection triggered anywhere in this
         # phase runs gc callbacks (JAX registers one), and an interrupt raised inside one is

@@ -1,9 +1,7 @@
 """The one memory snapshot type that magics, widget, sidebar and benchmarks all read.
 
 Every Keras backend, TensorFlow included, is one ``BackendInfo`` entry in ``backends``: its
-allocator per device and its cache sizes. ``tf`` and ``graph`` are typed views of TensorFlow's
-entry for the Python readers that want its figures by name; they are not written by ``to_dict``,
-so the wire carries each figure once (docs/protocol.md).
+allocator per device and its cache sizes, each figure written once (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -176,8 +174,8 @@ class MemorySnapshot:
 class SnapshotDelta:
     """``after - before`` for each figure both snapshots know (None where either lacks it).
 
-    ``device_bytes`` and ``caches`` hold each backend's change, by backend name; the Keras
-    backend's are also ``backend_bytes`` and ``backend_caches``.
+    ``device_bytes`` and ``caches`` hold each backend's change, by backend name (``cache``
+    reads one); the Keras backend's are also ``backend_bytes`` and ``backend_caches``.
     """
 
     elapsed_s: float
@@ -190,25 +188,9 @@ class SnapshotDelta:
     device_bytes: dict[str, int] = field(default_factory=dict)  # backend -> allocator change
     caches: dict[str, dict[str, int]] = field(default_factory=dict)  # backend -> cache changes
 
-    @property
-    def tf_current_bytes(self) -> int | None:
-        """Return the change in TensorFlow's tensors (every device with statistics), or None."""
-        return self.device_bytes.get("tensorflow")
-
-    @property
-    def default_graph_ops(self) -> int | None:
-        """Return the change in the TF1 default graph's ops, or None."""
-        return self.caches.get("tensorflow", {}).get("default_graph_ops")
-
-    @property
-    def custom_gradients(self) -> int | None:
-        """Return the change in TF's custom-gradient registry entries, or None."""
-        return self.caches.get("tensorflow", {}).get("custom_gradients")
-
-    @property
-    def functions(self) -> int | None:
-        """Return the change in TF's eager function library, or None."""
-        return self.caches.get("tensorflow", {}).get("functions")
+    def cache(self, backend: str, name: str) -> int | None:
+        """Return the change in the cache ``name`` of ``backend``, if both snapshots read it."""
+        return self.caches.get(backend, {}).get(name)
 
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict for JSON."""

@@ -16,6 +16,7 @@ import pytest
 from kerasmagic.backends import BackendDevice, BackendInfo
 from kerasmagic.backends import jax as jax_backend
 from kerasmagic.backends import torch as torch_backend
+from kerasmagic.compat import registry
 from kerasmagic.probes import GpuInfo, KerasInfo, RamInfo
 from kerasmagic.snapshot import MemorySnapshot, diff
 from kerasmagic.views.render import snapshot_rows
@@ -229,7 +230,7 @@ def test_a_backend_whose_read_fails_is_said_once_not_read_as_not_available(
 
     fake = dataclasses.replace(torch_backend.BACKEND, in_use=lambda: True, read=broken_read)
     monkeypatch.setattr(torch_backend, "BACKEND", fake)
-    monkeypatch.setattr(backends, "_failed", set())
+    monkeypatch.setattr(registry, "_said", set())  # as in a new process: nothing said yet
     with caplog.at_level("WARNING"):
         first, second = backends.read_active(), backends.read_active()
     assert all(info.name != "torch" for info in (*first, *second))

@@ -364,7 +364,7 @@ def test_ctrl_c_in_tensorflows_dtype_max_stops_the_cell(client: Any, dtype_call:
 
 PRETEND = """
 import kerasmagic.interrupts.watch as _watch
-_watch.RUNNING, _watch._told = {running!r}, False
+_watch.RUNNING = {running!r}
 get_ipython().run_line_magic("unload_ext", "kerasmagic")
 get_ipython().run_line_magic("load_ext", "kerasmagic")
 """

@@ -223,7 +223,7 @@ def test_a_cell_that_keeps_tensors_is_named_at_once(kip: InteractiveShell) -> No
         run(kip, "kept.append(tf.zeros((300, 300)))")
     verdict = monitor.verdict()
     assert verdict.growing and verdict.what == "tf_tensors", verdict.message
-    steps = [r.delta.tf_current_bytes for r in monitor.history()[-3:]]
+    steps = [r.delta.device_bytes.get("tensorflow") for r in monitor.history()[-3:]]
     assert all(s is not None and 360_000 <= s < 2**20 for s in steps), steps  # below RSS's floor
 
 

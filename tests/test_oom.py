@@ -475,7 +475,9 @@ def test_tensorflows_in_use_counts_a_chunk_it_did_not_split_whole() -> None:
 
 # -- the limit: a cap the user set, else the device's size -------------------------------------
 def test_tensorflows_gpu_limit_is_the_logical_devices_memory_limit() -> None:
-    from kerasmagic.backends.oom import GPU_TOTAL, TF_CAP, Limit, tf_gpu_limit
+    from kerasmagic.backends import Limit
+    from kerasmagic.backends.oom import GPU_TOTAL
+    from kerasmagic.backends.tensorflow.runtime import TF_CAP, tf_gpu_limit
 
     totals = [80 * 2**30, 40 * 2**30]
     assert tf_gpu_limit(0, [(0, 2048), (1, None)], totals) == Limit(2 * 2**30, TF_CAP)
@@ -491,7 +493,9 @@ def test_the_limit_reads_tensorflows_configuration_without_starting_anything() -
     """Through the real TensorFlow (no GPU here: no configuration to read) and NVML's totals."""
     import tensorflow as tf
 
-    from kerasmagic.backends.oom import Limit, device_limit, tf_logical_gpus
+    from kerasmagic.backends import Limit
+    from kerasmagic.backends.oom import device_limit
+    from kerasmagic.backends.tensorflow.runtime import tf_logical_gpus
     from kerasmagic.probes.nvml import GpuDevice
 
     gpu = GpuDevice(0, 0, "GPU-0", "fake", 16 * 2**30, 2**30, None)

@@ -14,6 +14,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from shared_cells import INTERRUPT_IN_GC_CALLBACK
 
+from kerasmagic.compat import registry
 from kerasmagic.interrupts import watch
 
 
@@ -29,9 +30,9 @@ def test_another_python_gets_one_line_and_python_s_own_behaviour(
     ip.run_line_magic("unload_ext", "kerasmagic")
     pythons_hook = sys.unraisablehook
     monkeypatch.setattr(watch, "RUNNING", ("cpython", (3, 14)))
-    monkeypatch.setattr(watch, "_told", False)
+    monkeypatch.setattr(registry, "_said", set())  # as in a new process: nothing said yet
     try:
-        with caplog.at_level(logging.WARNING, logger=watch.__name__):
+        with caplog.at_level(logging.WARNING, logger="kerasmagic.compat"):
             ip.run_line_magic("load_ext", "kerasmagic")
             ip.run_line_magic("unload_ext", "kerasmagic")
             ip.run_line_magic("load_ext", "kerasmagic")  # told once per process

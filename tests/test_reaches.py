@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import sys
 import types
 from collections.abc import Iterator
@@ -269,10 +270,118 @@ def test_in_a_real_kernel_nothing_is_off_and_nothing_is_said(tmp_path: Any) -> N
         content, text = kernel_run(client, "%%fresh_model -q\nm = None")
         assert content["status"] == "ok" and "kerasmagic" not in text, text
         off = kernel_value(
-            client, "[o.line for o in __import__('kerasmagic.compat.registry').compat.registry.off()]"  # noqa: E501
+            client,
+            "[o.line for o in __import__('kerasmagic.compat.registry').compat.registry.off()]",
         )
         probed = kernel_value(
             client, "sorted(__import__('kerasmagic.compat.registry').compat.registry._results)"
         )
     assert off == []
     assert {"tf.gradient_registry", "keras.global_state", "ipykernel.handler_hooks"} <= set(probed)
+
+
+# -- each gate: the structure moved, the feature off (as IPython or Python has it), said once --
+
+
+def test_a_kernel_whose_handler_hooks_moved_keeps_its_own(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ipykernel renamed its handler hooks: the guard takes nothing over, Ctrl-C is ipykernel's."""
+    kernelbase = pytest.importorskip("ipykernel.kernelbase")
+    from kerasmagic.interrupts.guard import KernelGuard
+
+    monkeypatch.delattr(kernelbase.Kernel, "pre_handler_hook")
+    kernel = kernelbase.Kernel.__new__(kernelbase.Kernel)  # not started: nothing to run
+    shell = types.SimpleNamespace(kernel=kernel, ast_transformers=[], events=None)
+    state: Any = types.SimpleNamespace(shell=shell)
+    assert KernelGuard.load(state) is None and KernelGuard.load(state) is None
+    assert "pre_handler_hook" not in vars(kernel) and "post_handler_hook" not in vars(kernel)
+    assert shell.ast_transformers == []
+    found = _off("ipykernel.handler_hooks")
+    assert found is not None and found.found == "moved Kernel.pre_handler_hook"
+    assert said(caplog) == [found.line]
+    assert found.line.startswith(
+        "kerasmagic: a Ctrl-C just before or after a cell is left to ipykernel: ipykernel "
+    )
+
+
+def test_an_output_cache_that_moved_is_left_as_it_is(
+    kip: InteractiveShell, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """IPython keeps its ``_``s elsewhere: the cleanup writes nothing on its display hook."""
+    run(kip, "m = build()")
+    run(kip, "m")  # shown: the display hook's _ holds it
+    shown = kip.displayhook._
+    assert shown is kip.user_ns["m"]
+    monkeypatch.delattr(kip.displayhook, "___")  # a release without its three copies
+    reaches.forget()  # as in a new kernel: nothing probed yet
+    run(kip, "%%fresh_model -q\nm = build()")
+    run(kip, "%%fresh_model -q\nm = build()")
+    assert kip.displayhook._ is shown  # left as IPython has it: the old model stays there
+    found = _off("ipython.output_cache")
+    assert found is not None and said(caplog).count(found.line) == 1
+    assert found.line.startswith("kerasmagic: models shown as a cell's value stay alive: ipython ")
+
+
+def test_magics_that_moved_stay_registered_at_unload(
+    ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """IPython keeps its magics' registry otherwise: ``%unload_ext`` leaves the magics."""
+    manager = ip.magics_manager
+    moved = property(lambda self: types.MappingProxyType({}))  # not the dict kerasmagic edits
+    monkeypatch.setattr(type(manager), "registry", moved)
+    reaches.forget()
+    ip.run_line_magic("unload_ext", "kerasmagic")
+    assert "fresh_model" in manager.magics["cell"] and "gpu_mem" in manager.magics["line"]
+    found = _off("ipython.magics")
+    assert found is not None and said(caplog) == [found.line]
+    assert found.line.startswith("kerasmagic: %unload_ext leaves the magics: ipython ")
+    monkeypatch.undo()
+    ip.run_line_magic("load_ext", "kerasmagic")  # the fixture unloads it again
+
+
+def test_jax_and_torch_caches_that_moved_are_not_read(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """JAX's compilation cache and torch.compile's reset renamed: no count, no reset, one line
+    each, however often they are asked."""
+    from kerasmagic.backends import jax as jax_backend
+    from kerasmagic.backends import torch as torch_backend
+
+    pxla = types.ModuleType("jax._src.interpreters.pxla")
+    pxla._cached_compilation = lambda: None  # type: ignore[attr-defined]  # no cache_info
+    for name, module in (
+        ("jax", types.ModuleType("jax")),
+        ("jax._src.interpreters.pxla", pxla),
+        ("torch", types.ModuleType("torch")),
+        ("torch._dynamo", types.ModuleType("torch._dynamo")),  # no reset()
+    ):
+        monkeypatch.setitem(sys.modules, name, module)
+    assert jax_backend.compiled_count() is None and jax_backend.compiled_count() is None
+    assert torch_backend.reset() == [] and torch_backend.reset() == []
+    jax_line, torch_line = _off("jax.compiled"), _off("torch.dynamo")
+    assert jax_line is not None and torch_line is not None
+    assert said(caplog) == [jax_line.line, torch_line.line]
+    assert torch_line.line.startswith(
+        "kerasmagic: torch.compile's caches are kept by %%fresh_model: torch "
+    )
+
+
+def test_a_python_without_getframe_names_the_cell_by_its_count(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``sys._getframe`` gone: no frame is read; the cell is the shell's count, said once."""
+    from kerasmagic.cells.run import cell_number
+
+    shell = types.SimpleNamespace(
+        compile=types.SimpleNamespace(_filename_map={}), execution_count=7
+    )
+    with monkeypatch.context() as moved:
+        moved.setattr(logging, "_srcfile", None)  # logging reads frames too, unless told not
+        moved.setattr(sys, "_getframe", None)
+        numbers = [cell_number(shell), cell_number(shell)]
+    assert numbers == [7, 7]
+    found = _off("cpython.frames")
+    assert found is not None and found.found == "moved sys._getframe"
+    assert said(caplog) == [found.line]
+    assert found.line.startswith("kerasmagic: a Ctrl-C a library swallows is left to Python: ")

@@ -36,7 +36,8 @@ def report(**changes: object) -> CleanupReport:
         "kept": (),
         "not_freed": (),
         "freed_bytes": 6 * KB * KB,
-        "tf_freed_bytes": 12 * KB,
+        "allocator_freed_bytes": 12 * KB,
+        "allocator_backend": "tensorflow",
         "released": (),
         "elapsed_s": 0.2,
     }
@@ -46,15 +47,15 @@ def report(**changes: object) -> CleanupReport:
 def test_small_figures_read_in_their_own_unit() -> None:
     line = report().summary()
     assert "freed 6.0 MB of RAM and 12.0 KB of TensorFlow tensors" in line
-    assert "0.0 MB" not in report(freed_bytes=30_000, tf_freed_bytes=40_000).summary()
+    assert "0.0 MB" not in report(freed_bytes=30_000, allocator_freed_bytes=40_000).summary()
 
 
 def test_ram_freed_with_nothing_dropped_is_explained() -> None:
-    line = report(dropped=(), freed_bytes=30 * KB * KB, tf_freed_bytes=None).summary()
+    line = report(dropped=(), freed_bytes=30 * KB * KB, allocator_freed_bytes=None).summary()
     assert line.startswith("freed 30.0 MB of RAM (garbage earlier cells left) in 0.20 s")
     assert "dropped nothing" in line
     assert (
-        report(dropped=(), freed_bytes=-KB, tf_freed_bytes=0)
+        report(dropped=(), freed_bytes=-KB, allocator_freed_bytes=0)
         .summary()
         .startswith("freed no memory")
     )

@@ -55,8 +55,8 @@ def test_tensorflow_tensors_are_shown_beside_rss_without_a_gpu(
     widget = LiveWidget(monitor)
     run(ip, "u = tf.zeros((500, 1000))")
     exact = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    assert widget.tf_in_use_bytes == exact and exact >= 6_000_000
-    assert f"data-km-live='tf' data-bytes='{exact}'" in widget.part("bars")
+    assert widget.allocator_in_use_bytes == exact and exact >= 6_000_000
+    assert f"data-km-live='allocator' data-bytes='{exact}'" in widget.part("bars")
     assert f"TensorFlow tensors in use: {fmt_bytes(exact)}" in widget.part("bars")
     widget.close()
 
@@ -69,9 +69,10 @@ def test_figures_not_read_are_left_out_not_shown_as_n_a(
     run(ip, "x = 1")
     shown = widget.part("figures")
     assert "n/a" not in shown and f"models: {widget.live_models} live, name counter" in shown
-    assert widget.live_models >= 1 and f"{widget.custom_gradients} custom gradients" in shown
+    gradients = widget.caches["custom_gradients"]
+    assert widget.live_models >= 1 and f"{gradients} custom gradients" in shown
     # Before TensorFlow and Keras are imported there is nothing to count: said so, once each.
-    widget.graph_functions = widget.custom_gradients = None
+    widget.caches = {}
     widget.live_models = widget.name_counter = None
     shown = widget._figures_html()
     assert "graph: TensorFlow not imported" in shown and "Keras not imported" in shown

@@ -20,6 +20,8 @@ from pathlib import Path
 from types import CodeType
 from typing import Any, TypeVar
 
+from kerasmagic.compat.registry import say_once, works
+
 NAMES = ("tensorflow", "jax", "torch")
 LABELS = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}
 T = TypeVar("T")
@@ -36,6 +38,14 @@ class BackendDevice:
     limit_bytes: int | None = None
     reserved_bytes: int | None = None
     kind: str | None = None  # "cpu" or "gpu": TF keeps CPU:0's statistics as a GPU's
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A device's memory limit in bytes, and where it comes from (in words)."""
+
+    bytes: int
+    source: str
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,7 @@ def _no_purge(namespace: Mapping[str, Any]) -> int:
 
 Collect = Callable[[Callable[[], object]], list[str]]
 ClearTraces = Callable[[Mapping[str, Any], Sequence[Any], Sequence[Any]], list[str]]
+DeviceLimit = Callable[[str, Sequence[int], int | None], Limit | None]
 
 
 @dataclass(frozen=True)
@@ -127,7 +138,9 @@ class Backend:
     cut), ``traced`` (a model's traced ops and their estimated bytes), ``registered`` and
     ``purge`` (entries kept per model until a purge, freed between models in one cell),
     ``attach`` and ``detach`` (patches that live while the extension is loaded; ``attach``
-    says in one line why one could not be made), ``modes``.
+    says in one line why one could not be made), ``modes``, and ``limit`` (a device's limit,
+    given each GPU's total and the host's RAM, for a backend that caps its devices without
+    reporting the cap; without it: the reported limit, else host RAM or the GPU's total).
     """
 
     name: str
@@ -148,6 +161,7 @@ class Backend:
     attach: Callable[[Sequence[CodeType], bool], str | None] = _no_stack
     detach: Callable[[], None] = lambda: None
     modes: Modes | None = None
+    limit: DeviceLimit | None = None
 
 
 def attempt(read: Callable[[], T], default: T, site: str | None = None) -> T:
@@ -155,21 +169,17 @@ def attempt(read: Callable[[], T], default: T, site: str | None = None) -> T:
 
     A figure a backend may simply not have (a CPU device's statistics) fails quietly (a debug
     line). A whole ``site`` (``"torch.read"``) that fails is kerasmagic's own fault or a changed
-    framework: it is said once per site and kind of error, as a warning with its traceback, so
-    it never reads as "not available" alone.
+    framework: it is said once per site (``say_once``), as a warning with its traceback, so it
+    never reads as "not available" alone.
     """
     try:
         return read()
-    except Exception as exc:  # a changed private API is "not available", never the user's problem
+    except Exception:  # a changed private API is "not available", never the user's problem
         if site is None:
             log.debug("kerasmagic: %r failed", read, exc_info=True)
-        elif (site, type(exc)) not in _failed:
-            _failed.add((site, type(exc)))
-            log.warning("kerasmagic: %s failed; its figures are left out", site, exc_info=True)
+        else:
+            say_once([f"kerasmagic: {site} failed; its figures are left out"], exc_info=True)
         return default
-
-
-_failed: set[tuple[str, type]] = set()  # sites already reported (once each)
 
 
 def get(name: str) -> Backend:
@@ -183,7 +193,7 @@ def get(name: str) -> Backend:
 def keras_backend() -> str | None:
     """Return the backend Keras runs on, if Keras (or legacy tf-keras) is imported."""
     config = sys.modules.get("keras.src.backend.config")
-    if config is not None and callable(getattr(config, "backend", None)):
+    if config is not None and works("keras.backend_name"):  # moved: said once, by compat
         return attempt(lambda: str(config.backend()), None)
     return "tensorflow" if "tf_keras" in sys.modules else None
 
@@ -295,10 +305,11 @@ def configure_gpus(growth: bool = False, limit_mb: int | None = None) -> str:
     return get(name).configure(growth, limit_mb)
 
 
-def allocated(name: str) -> int | None:
-    """Return the bytes the allocator of the backend called ``name`` holds now, if it says."""
-    backend = get(name)
-    return attempt(backend.allocated, None, f"{name}.allocated")
+def allocated() -> dict[str, int]:
+    """Return the bytes each backend in use holds in its allocator now, Keras's own first,
+    where the allocator says (the cleanup report's figure)."""
+    held = {b.name: attempt(b.allocated, None, f"{b.name}.allocated") for b in active()}
+    return {name: n for name, n in held.items() if n is not None}
 
 
 def clear_traces(

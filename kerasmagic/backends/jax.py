@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from kerasmagic.backends import Backend, BackendDevice, BackendInfo, attempt, keras_backend
-from kerasmagic.compat.registry import loaded
+from kerasmagic.compat.registry import loaded, works
 
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 MEM_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
@@ -35,8 +35,9 @@ def _jax() -> Any | None:
 def started() -> bool:
     """Return True once JAX has created its backends (device memory may be taken)."""
     bridge = sys.modules.get("jax._src.xla_bridge")
-    check = getattr(bridge, "backends_are_initialized", None)
-    return bool(attempt(check, False)) if check is not None else False
+    if bridge is None or not works("jax.started"):  # moved: said once, by compat
+        return False
+    return bool(attempt(bridge.backends_are_initialized, False))
 
 
 def in_use() -> bool:
@@ -66,8 +67,9 @@ def _device(device: Any) -> BackendDevice:
 def compiled_count() -> int | None:
     """Return how many compiled executables JAX's in-memory compilation cache holds."""
     pxla = sys.modules.get("jax._src.interpreters.pxla")
-    cache = getattr(pxla, "_cached_compilation", None)
-    return attempt(lambda: int(cache.cache_info().currsize), None) if cache else None
+    if pxla is None or not works("jax.compiled"):  # moved: said once, by compat
+        return None
+    return attempt(lambda: int(pxla._cached_compilation.cache_info().currsize), None)
 
 
 def _nbytes(array: Any) -> int:

@@ -4,25 +4,21 @@ An error is recognised by type and message: the same parser reads a raised excep
 kernel and an isolated child's error, which comes back as its type's name and its message only.
 A device's limit is the cap the user set, else the device's size.
 
-TensorFlow's cap on ``CPU:0`` is ``TF_CPU_BFC_MEM_LIMIT_IN_MB``; on a GPU it is the logical
-device's ``memory_limit`` (``%gpu_mem --limit``, ``tf.config.set_logical_device_configuration``),
-read from the physical GPU's configuration, which starts nothing. JAX and PyTorch report their
-own limit (``bytes_limit``; the total, times ``set_per_process_memory_fraction``). Without a
-cap, a GPU's limit is its total (NVML) and a CPU's the host's RAM.
+JAX and PyTorch report their own limit (``bytes_limit``; the total, times
+``set_per_process_memory_fraction``); TensorFlow's cap is read by its ``Backend.limit``
+(``backends/tensorflow/runtime.py``). Without a cap, a GPU's limit is its total (NVML) and a
+CPU's the host's RAM.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from kerasmagic.backends import BackendInfo
+from kerasmagic.backends import LABELS, NAMES, BackendInfo, Limit, get
 
 # Bytes per element of the dtype names TensorFlow writes in its OOM message.
 ITEMSIZE = {
@@ -149,17 +145,8 @@ class Sized(Protocol):
     def total_bytes(self) -> int: ...
 
 
-CPU_CAP_VAR = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
-TF_CAP = "TensorFlow's memory_limit"
 GPU_TOTAL = "the GPU's total"
-
-
-@dataclass(frozen=True)
-class Limit:
-    """A device's memory limit in bytes, and where it comes from (in words)."""
-
-    bytes: int
-    source: str
+HOST_RAM = "host RAM"
 
 
 def is_cpu(device: str | None) -> bool:
@@ -173,37 +160,6 @@ def index_of(device: str | None) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-def tf_logical_gpus(tf: Any) -> list[tuple[int, int | None]]:
-    """Return each logical GPU of TensorFlow as (physical index, memory_limit in MB or None).
-
-    Reads the configuration set on each physical GPU; never starts TensorFlow's runtime.
-    """
-    out: list[tuple[int, int | None]] = []
-    for physical, gpu in enumerate(tf.config.list_physical_devices("GPU")):
-        configs = tf.config.get_logical_device_configuration(gpu) or [None]
-        out.extend((physical, getattr(c, "memory_limit", None)) for c in configs)
-    return out
-
-
-def tf_gpu_limit(
-    index: int, logical: Sequence[tuple[int, int | None]], totals: Sequence[int]
-) -> Limit | None:
-    """Return the limit of TensorFlow's ``GPU:index``: its memory_limit, else its GPU's total.
-
-    ``logical`` is ``tf_logical_gpus``'s answer, ``totals`` each visible GPU's bytes (NVML).
-    """
-    physical, cap_mb = logical[index] if index < len(logical) else (index, None)
-    if cap_mb:
-        return Limit(int(cap_mb) * 2**20, TF_CAP)
-    return Limit(totals[physical], GPU_TOTAL) if physical < len(totals) else None
-
-
-def tf_cpu_cap() -> Limit | None:
-    """Return the cap of TensorFlow's capped CPU allocator, if one is set."""
-    cap = os.environ.get(CPU_CAP_VAR, "")
-    return Limit(int(cap) * 2**20, CPU_CAP_VAR) if cap.isdigit() else None
-
-
 def device_limit(
     backend: str,
     device: str | None,
@@ -214,18 +170,16 @@ def device_limit(
     """Return the memory limit of ``backend``'s ``device`` where it is known.
 
     ``reported`` is the backend's own figure (JAX's ``bytes_limit``, PyTorch's capped total);
-    ``host_total`` the host's RAM, the limit of a CPU without a cap.
+    ``host_total`` the host's RAM, the limit of a CPU without a cap. A backend that caps its
+    devices without reporting it (TensorFlow) says through its ``Backend.limit``.
     """
-    if backend == "tensorflow" and is_cpu(device):
-        return tf_cpu_cap() or (Limit(host_total, "host RAM") if host_total else None)
-    if backend == "tensorflow" and device is not None:
-        tf = sys.modules.get("tensorflow")
-        logical = tf_logical_gpus(tf) if tf is not None else []
-        return tf_gpu_limit(index_of(device), logical, [g.total_bytes for g in gpus])
+    own = get(backend).limit if backend in NAMES else None
+    if own is not None and device is not None:
+        return own(device, [g.total_bytes for g in gpus], host_total)
     if reported:
-        return Limit(reported, f"{_label(backend)}'s limit")
+        return Limit(reported, f"{LABELS.get(backend, backend)}'s limit")
     if is_cpu(device) and host_total:
-        return Limit(host_total, "host RAM")
+        return Limit(host_total, HOST_RAM)
     index = index_of(device)
     return Limit(gpus[index].total_bytes, GPU_TOTAL) if device and index < len(gpus) else None
 
@@ -249,7 +203,3 @@ def same_device(a: str | None, b: str | None) -> bool:
         return f"{kind}:{index or '0'}"
 
     return norm(a) == norm(b)
-
-
-def _label(backend: str) -> str:
-    return {"tensorflow": "TensorFlow", "torch": "PyTorch", "jax": "JAX"}.get(backend, backend)

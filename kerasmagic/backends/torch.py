@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from kerasmagic.backends import Backend, BackendDevice, BackendInfo, Modes, attempt, keras_backend
-from kerasmagic.compat.registry import loaded
+from kerasmagic.compat.registry import loaded, works
 
 RESTORED = (
     "kerasmagic: the error stopped PyTorch inside torch.no_grad(), which left gradients off; "
@@ -60,7 +60,7 @@ def _device(torch: Any, index: int) -> BackendDevice:
 def compiled_frames() -> int | None:
     """Return how many code objects torch.compile (dynamo) has compiled, if dynamo is loaded."""
     convert = sys.modules.get("torch._dynamo.convert_frame")
-    tracker = getattr(convert, "input_codes", None)
+    tracker = getattr(convert, "input_codes", None) if works("torch.dynamo") else None
     return attempt(lambda: len(tracker.seen), None) if tracker is not None else None
 
 
@@ -88,7 +88,7 @@ def reset() -> list[str]:
     if torch is None:
         return []
     dynamo = sys.modules.get("torch._dynamo")
-    if dynamo is not None and callable(getattr(dynamo, "reset", None)):
+    if dynamo is not None and works("torch.dynamo"):  # moved: said once, by compat
         dynamo.reset()
         return ["torch._dynamo.reset"]
     return []

@@ -44,6 +44,7 @@ from types import CodeType
 from typing import Any, TypeVar
 
 from kerasmagic.cells.rebinding import Rebinding, assigned_in, rebinding_in
+from kerasmagic.compat.registry import works
 from kerasmagic.interrupts.held import shown_plain
 from kerasmagic.shellstate import ShellState, state_of
 
@@ -167,8 +168,8 @@ def cell_number(shell: Any, max_depth: int = 50) -> int:
     IPython 9 counts a cell before running it and IPython 8 after, so the shell's counter alone
     is off by one in one of them; the caller's code name is right in both.
     """
-    names = getattr(shell.compile, "_filename_map", None)
-    frame = sys._getframe(1)
+    names = _cell_names(shell)
+    frame = sys._getframe(1) if works("cpython.frames") else None  # moved: said by compat
     for _ in range(max_depth):
         if frame is None:
             break
@@ -180,9 +181,15 @@ def cell_number(shell: Any, max_depth: int = 50) -> int:
 
 def _name_cell(shell: Any, filename: str, number: int) -> None:
     """Show a re-used code object as ``Cell In[number]`` (IPython's filename -> count map)."""
-    names = getattr(shell.compile, "_filename_map", None)
+    names = _cell_names(shell)
     if isinstance(names, dict):
         names[filename] = number
+
+
+def _cell_names(shell: Any) -> Any:
+    """Return IPython's filename -> ``In[N]`` map, or None (IPython 7; moved: said by compat)."""
+    names = works("ipython.cell_names", shell)
+    return getattr(shell.compile, "_filename_map", None) if names else None
 
 
 def extra_flags(shell: Any) -> int:
@@ -274,8 +281,8 @@ def check_cell(shell: Any, code: str, header: str) -> None:
     """
     cache = cache_of(shell)
     source = cell_source(code, header)
-    if cache is None or source in cache.compiled:
-        return
+    if cache is None or source in cache.compiled or not works("ipython.compiler", shell):
+        return  # (the compiler moved: said once, by compat; the magic runs the cell plainly)
     compiler = shell.compile
     filename = compiler.cache(source, int(shell.execution_count))
     flags = extra_flags(shell)
@@ -326,17 +333,21 @@ class CompileCheck:
             self.shell.execution_count -= 1
 
     @classmethod
-    def load(cls, state: ShellState) -> CompileCheck:
+    def load(cls, state: ShellState) -> CompileCheck | None:
         """The ``check`` part: install the check on the shell, first of kerasmagic's
         transformers."""
+        if not works("ipython.transformers", state.shell):  # moved: said once, by compat
+            return None
         check = cls(state.shell)
         state.shell.input_transformers_cleanup.append(check)
         state.shell.events.register("post_run_cell", check.cell_ended)
         return check
 
     @staticmethod
-    def unload(state: ShellState, check: CompileCheck) -> None:
+    def unload(state: ShellState, check: CompileCheck | None) -> None:
         """Remove the check from the shell."""
+        if check is None:
+            return
         transforms = state.shell.input_transformers_cleanup
         transforms[:] = [t for t in transforms if t is not check]
         state.shell.events.unregister("post_run_cell", check.cell_ended)
@@ -462,15 +473,19 @@ class AwaitTransformer:
         return [f"await get_ipython().run_cell_magic('fresh_model', {first_line!r}, {body!r})\n"]
 
     @classmethod
-    def load(cls, state: ShellState) -> AwaitTransformer:
+    def load(cls, state: ShellState) -> AwaitTransformer | None:
         """The ``await`` part: install the transformer on the shell."""
+        if not works("ipython.transformers", state.shell):  # moved: said once, by compat
+            return None
         transformer = cls(state.shell)
         state.shell.input_transformers_cleanup.append(transformer)
         return transformer
 
     @staticmethod
-    def unload(state: ShellState, transformer: AwaitTransformer) -> None:
+    def unload(state: ShellState, transformer: AwaitTransformer | None) -> None:
         """Remove the transformer from the shell."""
+        if transformer is None:
+            return
         transforms = state.shell.input_transformers_cleanup
         transforms[:] = [t for t in transforms if t is not transformer]
 

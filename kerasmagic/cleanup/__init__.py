@@ -117,19 +117,22 @@ def _reset(
     dropped = tuple(d for d, _ in plan.actions if d and not d.startswith("displayhook."))
     kept = tuple(path for path, _ in plan.kept.values())
     if dry_run:
-        return CleanupReport(dropped, kept, (), 0, None, (), time.perf_counter() - start, True)
+        elapsed = time.perf_counter() - start
+        return CleanupReport(dropped, kept, (), 0, None, None, (), elapsed, dry_run=True)
     stale_models = plan.models()
     run = Run(ns, shell, plan, patch_stack_traces, dropped)
     del plan  # the run owns it now, and lets it go before collecting
     run_steps(run)
-    tf_after = backends.allocated("tensorflow")
-    tf_freed = None if run.tf_before is None or tf_after is None else run.tf_before - tf_after
+    after = backends.allocated()
+    freed = {name: held - after[name] for name, held in run.held_before.items() if name in after}
+    allocator, allocator_freed = next(iter(freed.items()), (None, None))
     return CleanupReport(
         dropped=dropped,
         kept=kept,
         not_freed=run.not_freed,
         freed_bytes=run.rss_before - read_ram().rss_bytes,
-        tf_freed_bytes=tf_freed,
+        allocator_freed_bytes=allocator_freed,
+        allocator_backend=allocator,
         released=tuple(run.released),
         elapsed_s=time.perf_counter() - start,
         notes=tuple(run.notes),
@@ -140,10 +143,23 @@ def _reset(
 
 @contextmanager
 def fresh(
-    namespace: MutableMapping[str, Any] | None = None, **options: Any
+    namespace: MutableMapping[str, Any] | None = None,
+    *,
+    rebinding: Iterable[str] = (),
+    keep: Iterable[str] = (),
+    drop_all: bool = False,
+    dry_run: bool = False,
+    patch_stack_traces: bool = True,
 ) -> Iterator[CleanupReport]:
-    """Run ``reset()`` before the block; for loops: ``with kerasmagic.fresh(): model = ...``."""
-    yield reset(namespace, **options)
+    """Run ``reset()`` (same arguments) before the block: ``with kerasmagic.fresh(): ...``."""
+    yield reset(
+        namespace,
+        rebinding=rebinding,
+        keep=keep,
+        drop_all=drop_all,
+        dry_run=dry_run,
+        patch_stack_traces=patch_stack_traces,
+    )
 
 
 @dataclass(frozen=True)
@@ -154,7 +170,8 @@ class CleanupReport:
     kept: tuple[str, ...]
     not_freed: tuple[str, ...]
     freed_bytes: int
-    tf_freed_bytes: int | None
+    allocator_freed_bytes: int | None  # by the allocator of ``allocator_backend``, if it says
+    allocator_backend: str | None  # "tensorflow", ...: Keras's own first, of those that say
     released: tuple[str, ...]  # what the backends released around the collection, in words
     elapsed_s: float
     dry_run: bool = False
@@ -181,8 +198,9 @@ class CleanupReport:
         ram = f"freed {fmt_bytes(self.freed_bytes)} of RAM" if self.freed_bytes > 0 else ""
         if ram and not self.dropped:
             ram += " (garbage earlier cells left)"
-        tf = self.tf_freed_bytes  # None: no allocator statistics
-        tensors = f"{fmt_bytes(tf)} of TensorFlow tensors" if tf is not None and tf > 0 else ""
+        freed, name = self.allocator_freed_bytes, self.allocator_backend or ""
+        label = backends.LABELS.get(name, name)
+        tensors = f"{fmt_bytes(freed)} of {label} tensors" if freed and freed > 0 else ""
         if ram and tensors:
             return f"{ram} and {tensors}"
         return ram or (f"freed {tensors}" if tensors else "freed no memory")
@@ -235,7 +253,7 @@ class Run:
     released: list[str] = field(default_factory=list)  # backends' words ("purged 2 ...")
     not_freed: tuple[str, ...] = ()
     rss_before: int = 0
-    tf_before: int | None = None
+    held_before: dict[str, int] = field(default_factory=dict)  # each allocator, by backend
     timings: list[tuple[str, float]] = field(default_factory=list)
 
 
@@ -306,7 +324,7 @@ STEPS: tuple[Callable[[Run], None], ...] = (
 
 def run_steps(run: Run) -> None:
     """Run every step in order, timing each."""
-    run.rss_before, run.tf_before = read_ram().rss_bytes, backends.allocated("tensorflow")
+    run.rss_before, run.held_before = read_ram().rss_bytes, backends.allocated()
     for step in STEPS:
         start = time.perf_counter()
         step(run)
@@ -460,7 +478,7 @@ _pinned_mb: int | None = None
 def malloc_trim() -> None:
     """Hand freed heap pages back to the OS (glibc), so RSS shows what was freed."""
     trim = getattr(libc(), "malloc_trim", None)  # musl and others lack it
-    if trim is not None:
+    if trim is not None and works("glibc.mallopt"):
         trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
         trim(0)
 
@@ -482,7 +500,7 @@ def pin_mmap_threshold(megabytes: int) -> str:
     if _pinned_mb == megabytes:
         return f"glibc's mmap threshold pinned at {megabytes} MiB"
     mallopt = getattr(libc(), "mallopt", None)
-    if mallopt is None:
+    if mallopt is None or not works("glibc.mallopt"):
         return "not glibc: the allocator is left as it is"
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     if not mallopt(M_MMAP_THRESHOLD, megabytes * 2**20):

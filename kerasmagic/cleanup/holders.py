@@ -18,6 +18,7 @@ from typing import Any
 from kerasmagic.backends import traced
 from kerasmagic.cleanup.loops import Freezer
 from kerasmagic.cleanup.plan import frame_locals, stored_tracebacks
+from kerasmagic.compat.registry import works
 from kerasmagic.probes import Variable, largest_variables
 from kerasmagic.walk.deep import (
     guarded,
@@ -122,6 +123,8 @@ def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> li
     Referrers inside the model's own object graph (its layers' dicts, its traced functions'
     closures, its ``History``) are not holders: only what holds it from outside is named.
     """
+    if not (works("cpython.referrers") and works("cpython.frames")):  # said once, by compat
+        return []
     kinds = []
     modules = module_dicts()
     skip = {id(x) for x in ignore} | {id(sys._getframe()), id(sys._getframe(1))}
@@ -199,7 +202,7 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
     if namespace is None:
         namespace = _shell_namespace()
     types = model_types()
-    if not types:
+    if not types or not works("cpython.referrers"):  # moved: said once, by compat
         return []
     # A loop in this cell may have frozen the collector's old objects (cleanup/loops.py), and
     # gc.get_objects() lists no frozen object: thawed first, as before any cleanup, and what
@@ -207,7 +210,8 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
     Freezer.thaw()
     gc.collect()
     models: list[Any] = [obj for obj in gc.get_objects() if is_a(obj, types)]
-    inner = {id(getattr(m, "_functional", None)) for m in models}
+    sequential = works("keras.sequential_inner")  # moved: said once, by compat; listed twice
+    inner = {id(getattr(m, "_functional", None)) for m in models} if sequential else set()
     owners: dict[int, str] = {}
     for m in models:
         for layer in _layers(m):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kerasmagic.backends.oom import find_oom
-from kerasmagic.compat.registry import broken
+from kerasmagic.compat.registry import broken, works
 from kerasmagic.walk.deep import (
     Owned,
     callback_labels,
@@ -210,12 +210,13 @@ def _cut_callback_links(
 
 def _release_shell(plan: Plan, shell: Any, types: tuple[type, ...], near: NearWalks) -> None:
     """IPython keeps its own references: the display hook's ``_``s and the last result."""
+    cache = works("ipython.output_cache", shell)  # moved: said once, by compat; left as is
     hook = getattr(shell, "displayhook", None)
-    for name in ("_", "__", "___"):
+    for name in ("_", "__", "___") if cache else ():
         if _stale(plan, near.state(name, getattr(hook, name, None), types)):
             plan.actions.append((f"displayhook.{name}", set_attr(hook, name, "")))
     hidden = getattr(shell, "user_ns_hidden", None)  # push(interactive=False) copies _, _N here
-    if isinstance(hidden, dict):
+    if cache and isinstance(hidden, dict):
         for name, value in list(hidden.items()):
             if re.fullmatch(r"_+|_\d+", name) and _stale(plan, near.state(name, value, types)):
                 plan.actions.append((f"displayhook.{name}", set_item(hidden, name, "")))
@@ -257,6 +258,8 @@ def _kept(plan: Plan, op: Any, kept: frozenset[int]) -> bool:
 
 def _nodes_of(layer: Any, types: StateTypes) -> list[Any] | None:
     """Return a Keras layer's outbound nodes; a Keras layer without them is said (once)."""
+    if not works(_reach_of(layer, "outbound_nodes")):  # moved: said once, by compat
+        return None
     nodes = outbound_nodes(layer)
     if nodes is None and types.kind(type(layer)) in ("model", "layer"):
         broken(_reach_of(layer, "outbound_nodes"), "moved Operation._outbound_nodes")
@@ -370,7 +373,7 @@ def cut_link(callback: Any) -> Callable[[], None]:
     def act() -> None:
         attrs = instance_dict(callback) or {}
         key = next((k for k in ("_model", "model") if k in attrs), None)
-        if key is None:
+        if key is None or (key == "_model" and not works("keras.callback_model")):
             broken("keras.callback_model", "moved Callback._model")
             return
         attrs[key] = None
@@ -411,6 +414,8 @@ MAX_CALLERS = 1000
 
 def _cell_boundaries() -> set[pytypes.CodeType]:
     """Return IPython's ``run_code``: a failed cell's frames end below it."""
+    if not works("ipython.run_code"):  # moved: said once, by compat; the frames go to the top
+        return set()
     shell = getattr(sys.modules.get("IPython.core.interactiveshell"), "InteractiveShell", None)
     code = getattr(getattr(shell, "run_code", None), "__code__", None)
     return {code} if code is not None else set()
@@ -491,6 +496,6 @@ def drop_stored_errors(shell: Any | None) -> bool:
     if getattr(result, "error_in_exec", None) is not None:
         result.error_in_exec = None
     formatter: Any = getattr(shell, "InteractiveTB", None)
-    if getattr(formatter, "tb", None) is not None:
+    if getattr(formatter, "tb", None) is not None and works("ipython.traceback", shell):
         formatter.tb = None  # IPython's own "lingering reference" (ultratb's words)
     return found

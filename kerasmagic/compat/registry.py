@@ -28,12 +28,13 @@ log = logging.getLogger("kerasmagic.compat")
 _said: set[str] = set()  # each line once per process, however often the extension loads
 
 
-def say_once(lines: list[str]) -> None:
-    """Say each line not said before in this process, one warning each."""
+def say_once(lines: list[str], exc_info: bool = False) -> None:
+    """Say each line not said before in this process, one warning each (``exc_info``: with the
+    traceback of the exception being handled)."""
     for line in lines:
         if line not in _said:
             _said.add(line)
-            log.warning(line)
+            log.warning(line, exc_info=exc_info or None)
 
 
 def installed(distribution: str, module: str) -> str | None:
@@ -63,7 +64,6 @@ class Reach:
     consequence: str  # the line's first words when it is off
     verified: str  # the versions CI checks it on
     probe: Probe
-    own_line: bool = False  # its feature says its own line when off (not said again here)
 
 
 @dataclass(frozen=True)
@@ -164,22 +164,26 @@ def check(
             before = _results.get(reach.name)
             _results[reach.name] = found
         fresh = before is None or before.found != getattr(found, "found", None)
-        if found is not None and fresh and not reach.own_line:
+        if found is not None and fresh:
             new.append(found)
     return new
 
 
-def works(name: str) -> bool:
-    """Return whether the reach ``name`` looks as expected (probed now if its module was
-    imported since the last check; said once when it does not)."""
+def works(name: str, shell: Any = None) -> bool:
+    """Return whether the reach ``name`` looks as expected (probed now, against ``shell`` or
+    the running one, if its module was imported since the last check; said once when it does
+    not). An IPython or ipykernel reach with no shell to probe is not probed yet."""
     if name not in _results:
         reach = next((r for r in REACHES if r.name == name), None)
         if reach is None:
             raise KeyError(f"kerasmagic names no reach {name!r}")
+        shell = _current_shell() if shell is None else shell
+        if reach.library in ("ipython", "ipykernel") and shell is None:
+            return True
         if ready(reach.module):
-            found = probe(reach, _current_shell())
+            found = probe(reach, shell)
             _results[name] = found
-            if found is not None and not reach.own_line:
+            if found is not None:
                 say_once([found.line])
     return _results.get(name) is None
 
@@ -192,8 +196,7 @@ def broken(name: str, found: str) -> None:
         return
     off = _with_version(reach, found)
     _results[name] = off
-    if not reach.own_line:
-        say_once([off.line])
+    say_once([off.line])
 
 
 def off() -> list[Off]:
@@ -219,11 +222,8 @@ IPYKERNEL = "ipykernel 6.17-7.x"
 
 
 def _r(name: str, library: str, module: str, structure: str, access: str, feature: str,
-       consequence: str, verified: str, probe: Callable[[Any], str | None],
-       own_line: bool = False) -> Reach:  # fmt: skip
-    return Reach(
-        name, library, module, structure, access, feature, consequence, verified, probe, own_line
-    )
+       consequence: str, verified: str, probe: Callable[[Any], str | None]) -> Reach:  # fmt: skip
+    return Reach(name, library, module, structure, access, feature, consequence, verified, probe)
 
 
 _FRESH = "%%fresh_model"
@@ -374,8 +374,7 @@ REACHES: tuple[Reach, ...] = (
        "RSS may stay up after memory is freed", "glibc 2.36", p.mallopt),
     _r("cpython.bytecode", "cpython", "dis", "opcodes, exception tables, tracing", "read",
        "raises again a Ctrl-C a library swallowed or a callback lost",
-       "a Ctrl-C a library swallows is left to Python", "CPython 3.11-3.13", p.bytecode,
-       own_line=True),
+       "a Ctrl-C a library swallows is left to Python", "CPython 3.11-3.13", p.bytecode),
     _r("cpython.frames", "cpython", "sys", "sys._getframe", "read",
        "finds the frames of the running cell and of kerasmagic's own code",
        "a Ctrl-C a library swallows is left to Python", "CPython 3.11-3.13", p.frames),

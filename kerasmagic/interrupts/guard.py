@@ -40,6 +40,7 @@ own (``Backend.modes``: ``backends/torch.py``, ``backends/tensorflow/__init__.py
 from __future__ import annotations
 
 import _signal
+import contextlib
 import functools
 import logging
 import sys
@@ -48,11 +49,19 @@ from types import CodeType, FrameType
 from typing import Any
 
 from kerasmagic.backends import NAMES, attempt, get
+from kerasmagic.compat.registry import works
 from kerasmagic.interrupts.held import CellStopper, holds, interrupt_finished_cell, shown_plain
 from kerasmagic.interrupts.watch import InterruptWatch, frames_checked
 from kerasmagic.shellstate import ShellState
 
 log = logging.getLogger(__name__)
+NEEDS = (  # the reaches the kernel guard needs: one moved, and Ctrl-C is left to ipykernel
+    "ipykernel.handler_hooks",
+    "ipython.events",
+    "ipython.transformers",
+    "cpython.signal",
+    "cpython.frames",
+)
 
 
 class KernelGuard:
@@ -65,7 +74,8 @@ class KernelGuard:
         self._guarding = False  # an execute request of the main shell is being handled
         self._opener = CellStopper(shell, self.open)  # the cell's code is about to run
         self._cell_code: set[CodeType] = set()
-        for owner in (type(shell), *type(shell).__mro__):
+        owners = (type(shell), *type(shell).__mro__) if works("ipython.run_code", shell) else ()
+        for owner in owners:  # none where run_code moved: said once, by compat
             code = getattr(getattr(owner, "run_code", None), "__code__", None)
             if code is not None:
                 self._cell_code.add(code)
@@ -88,7 +98,7 @@ class KernelGuard:
             self._shell.ast_transformers.remove(self._opener)
         events = self._shell.events
         for event, callback in ("post_execute", self.close), ("post_run_cell", self.post_run_cell):
-            if callback in events.callbacks[event]:
+            with contextlib.suppress(ValueError):  # not there (IPython's events moved)
                 events.unregister(event, callback)
         if self._guarding and _signal.getsignal(_signal.SIGINT) in (self._record, self.interrupt):
             _signal.signal(_signal.SIGINT, _signal.default_int_handler)  # as ipykernel set it
@@ -179,8 +189,8 @@ class KernelGuard:
         shell = state.shell
         kernel = getattr(shell, "kernel", None)
         kernelbase = sys.modules.get("ipykernel.kernelbase")
-        if kernel is None or kernelbase is None:
-            return None
+        if kernel is None or kernelbase is None or not all(works(r, shell) for r in NEEDS):
+            return None  # one moved: said once, by compat
         base = kernelbase.Kernel
         kind = type(kernel)
         if not isinstance(kernel, base) or (

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
+from kerasmagic.compat.registry import works
+
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kerasmagic/
 HOLDS = "__kerasmagic_holds_sigint__"  # marks a SIGINT handler that records (it holds Ctrl-C)
 
@@ -59,8 +61,8 @@ class held_interrupts:
         self.handler: Any = None
 
     def __enter__(self) -> held_interrupts:
-        if threading.current_thread() is not threading.main_thread():
-            return self
+        if threading.current_thread() is not threading.main_thread() or not works("cpython.signal"):
+            return self  # (moved: said once, by compat; Ctrl-C raises as Python's own)
         previous = _signal.getsignal(_signal.SIGINT)
         if callable(previous) and not getattr(previous, HOLDS, False):  # SIG_IGN, SIG_DFL:
             self.handler = previous  # nothing Python-level to hold
@@ -111,6 +113,8 @@ class CellStopper(ast.NodeTransformer):
 def interrupt_next_cell(shell: Any) -> None:
     """Make the cell about to run stop at once with ``KeyboardInterrupt`` (a held Ctrl-C)."""
     transformers = getattr(shell, "ast_transformers", None)
+    if not works("ipython.transformers", shell):  # moved: said once, by compat; the cell runs
+        return
     if isinstance(transformers, list) and not any(
         isinstance(t, CellStopper) and t.once for t in transformers
     ):
@@ -169,7 +173,7 @@ def _render(error: BaseException, start: TracebackType | None) -> list[str]:
         tb, offset = start, 0
     cut_own_frames(tb, os.path.dirname(os.path.abspath(IPython.__file__)))
     shell: Any = get_ipython()
-    if shell is None:  # rendered outside a shell: Python's own format
+    if shell is None or not works("ipython.traceback", shell):  # Python's own format
         return traceback.format_exception(type(error), error, tb)
     formatter = shell.InteractiveTB
     return list(formatter.structured_traceback(type(error), error, tb, tb_offset=offset))
@@ -179,8 +183,8 @@ def shown_plain(error: BaseException, cell: str | None = None) -> BaseException:
     """Return ``error``, made to show in IPython without kerasmagic's frames at its end and,
     given the file of a ``%%fresh_model`` cell's code, from that cell's frame on, as the same
     error in a plain cell shows (not from IPython's call of the magic)."""
-    if "_render_traceback_" in dir(type(error)):  # renders itself (an isolated cell's error)
-        return error
+    if "_render_traceback_" in dir(type(error)) or not works("ipython.render_hook"):
+        return error  # renders itself (an isolated cell's error), or IPython no longer asks
     start = None if cell is None else _from_cell(error.__traceback__, cell)
     with contextlib.suppress(TypeError):  # an exception type without a __dict__: as it is
         vars(error)["_render_traceback_"] = functools.partial(_render, error, start)

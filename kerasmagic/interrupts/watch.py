@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import dis
 import linecache
-import logging
 import sys
 import threading
 import weakref
@@ -84,14 +83,13 @@ from dataclasses import dataclass
 from types import CodeType, FrameType
 from typing import Any
 
+from kerasmagic.compat.registry import say_once, works
 from kerasmagic.imports import library_file
 from kerasmagic.interrupts.held import shown_plain
 from kerasmagic.shellstate import ShellState
 
-log = logging.getLogger(__name__)
 CHECKED = ((3, 11), (3, 12), (3, 13))
 RUNNING = (sys.implementation.name, sys.version_info[:2])  # the seam tests change
-_told = False
 
 
 def unchecked() -> str | None:
@@ -108,13 +106,13 @@ def unchecked() -> str | None:
 
 
 def frames_checked() -> bool:
-    """Return whether the opcode- and frame-reading code may run; say once if it may not."""
-    global _told
+    """Return whether the opcode- and frame-reading code may run; say once if it may not (the
+    Python's line, or the registry's of a reach that moved)."""
     line = unchecked()
-    if line is not None and not _told:
-        _told = True
-        log.warning(line)
-    return line is None
+    if line is not None:
+        say_once([line])
+        return False
+    return works("cpython.bytecode") and works("cpython.frames")
 
 
 def _ops(*names: str) -> set[int]:

@@ -111,8 +111,10 @@ def isolation_env(gpus: str | None, base: Mapping[str, str] = os.environ) -> dic
 
 
 def prctl(option: int, value: int) -> None:
-    """Call Linux's ``prctl``; do nothing elsewhere."""
-    if sys.platform.startswith("linux"):
+    """Call Linux's ``prctl``; do nothing elsewhere (reach ``glibc.mallopt``: ctypes)."""
+    from kerasmagic.compat.registry import works
+
+    if sys.platform.startswith("linux") and works("glibc.mallopt"):
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)

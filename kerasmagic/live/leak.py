@@ -150,19 +150,23 @@ STABLE = LeakVerdict(False, "", "stable")
 # (what, how to read it from a record, unit, whether it is in bytes)
 Getter = Callable[["CellRecord"], "int | None"]
 SIGNALS: tuple[tuple[str, Getter, str], ...] = (
-    ("tf_tensors", lambda r: r.delta.tf_current_bytes, "TensorFlow's tensors"),
+    ("tf_tensors", lambda r: r.delta.device_bytes.get("tensorflow"), "TensorFlow's tensors"),
     ("rss", lambda r: r.delta.rss_bytes, "RSS"),
     ("gpu", lambda r: r.delta.gpu_used_bytes, "GPU memory"),
     ("backend", lambda r: r.delta.backend_bytes, "the Keras backend's device memory"),
-    ("custom_gradients", lambda r: r.delta.custom_gradients, "TF custom-gradient registry"),
-    ("functions", lambda r: r.delta.functions, "traced TF functions"),
-    ("graph_ops", lambda r: r.delta.default_graph_ops, "default-graph ops"),
+    ("custom_gradients", lambda r: _tf(r, "custom_gradients"), "TF custom-gradient registry"),
+    ("functions", lambda r: _tf(r, "functions"), "traced TF functions"),
+    ("graph_ops", lambda r: _tf(r, "default_graph_ops"), "default-graph ops"),
     ("live_models", lambda r: r.delta.live_models, "live Keras models"),
     ("name_counter", lambda r: r.delta.name_counter, "Keras layer-name counter"),
 )
 BYTE_SIGNALS = frozenset({"tf_tensors", "rss", "gpu", "backend"})
 # Read from an allocator exact to the byte: any growth in every run counts, with no noise floor.
 EXACT_SIGNALS = frozenset({"tf_tensors"})
+
+
+def _tf(record: CellRecord, cache: str) -> int | None:
+    return record.delta.cache("tensorflow", cache)
 
 
 def _mb(n: float) -> str:

@@ -22,6 +22,7 @@ from traitlets.config import Configurable
 
 import kerasmagic.probes as probes
 from kerasmagic.backends import keras_backend, read_active
+from kerasmagic.compat.registry import say_once
 from kerasmagic.interrupts.held import (
     held_interrupts,
     interrupt_finished_cell,
@@ -47,9 +48,6 @@ RUNS_KEPT = 32  # per cell source, for the leak detector (more than any sane min
 MAX_SOURCES = 512
 
 
-_reported: set[str] = set()  # failures already told, so a broken probe does not repeat
-
-
 def _never_raise(hook: Callable[[Any], None], arg: Any) -> bool:
     """Run a cell hook with Ctrl-C held; return whether a Ctrl-C arrived meanwhile.
 
@@ -62,9 +60,7 @@ def _never_raise(hook: Callable[[Any], None], arg: Any) -> bool:
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"[:200]
             log.debug("kerasmagic: %s failed", hook.__name__, exc_info=True)
-            if why not in _reported:
-                _reported.add(why)
-                log.warning("kerasmagic: memory record skipped (%s)", why)
+            say_once([f"kerasmagic: memory record skipped ({why})"])  # a broken probe: once
     return held.pending
 
 

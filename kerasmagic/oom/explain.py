@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from kerasmagic.backends import LABELS
 from kerasmagic.backends.oom import (
     OomError,
     device_limit,
@@ -28,7 +29,6 @@ from kerasmagic.shellstate import ShellState
 from kerasmagic.units import fmt_bytes
 
 log = logging.getLogger(__name__)
-LABELS = {"tensorflow": "TensorFlow", "torch": "PyTorch", "jax": "JAX"}
 FIND_BATCH = "kerasmagic.find_batch_size(model, x, y) finds the largest batch that fits"
 
 if TYPE_CHECKING:

@@ -90,11 +90,10 @@ def send(comm: Any, data: dict[str, Any], home: dict[str, Any] | None, kernel: A
     shell, where they wait for the running cell. Publishing with the comm's own latest request
     as parent keeps the routing where the frontend put it.
     """
-    parent_var = getattr(kernel, "_shell_parent", None)  # ipykernel >= 7: a ContextVar
+    ours = home is not None and kernel is not None and works("ipykernel.shell_parent")
+    parent_var = getattr(kernel, "_shell_parent", None) if ours else None  # ipykernel >= 7
     if home is None or not isinstance(parent_var, contextvars.ContextVar):
-        if home is not None and kernel is not None:
-            works("ipykernel.shell_parent")  # a kernel with subshells but without it: said
-        comm.send(data)
+        comm.send(data)  # (ipykernel 6, or moved: said once, by compat): the comm's own route
         return
 
     def publish() -> None:
@@ -144,6 +143,9 @@ class MainThreadJob:
 
     def request(self, comm: Any, rid: str) -> None:
         """Queue a run, or join the one already queued: each request gets its result."""
+        if not works("ipykernel.io_loop", self._shell):  # moved: said once, by compat
+            self._answer(comm, message("error", id=rid, error=f"{self._name} is off here"))
+            return
         with self._lock:
             self._waiters.append((comm, rid))
             if self._pending:
@@ -299,8 +301,13 @@ class Sidebar:
             self._send(comm, message("reply", id=rid, request=kind, snapshot=snap))
         elif kind == "history":
             self._send(comm, message("reply", id=rid, request=kind, **self._history()))
-        else:  # free_memory: queued on the main thread, or joining the run already queued
-            self._free_job.request(comm, rid)
+        else:
+            self._request_free(comm, rid)
+
+    def _request_free(self, comm: Any, rid: str) -> None:
+        """Queue a cleanup on the main thread, or join the one already queued (a test seam:
+        tests/browser/test_sidebar.py makes a kernel that never answers)."""
+        self._free_job.request(comm, rid)
 
     def _free_fields(self) -> dict[str, Any]:
         """Run the cleanup ``%%fresh_model`` runs before a cell, then push a full snapshot."""
@@ -399,7 +406,7 @@ def load(state: ShellState) -> Sidebar:
     package) gets a sidebar no frontend can open: nothing to register, nothing to say.
     """
     sidebar = Sidebar(state.shell, state.magics, state.part("live"))
-    manager = comm_manager(state.shell)
+    manager = _manager(state.shell)
     if manager is not None:
         manager.register_target(TARGET, sidebar.open)
         sidebar.announce()
@@ -408,7 +415,12 @@ def load(state: ShellState) -> Sidebar:
 
 def unload(state: ShellState, sidebar: Sidebar) -> None:
     """Unregister the target and close every sidebar comm of the shell."""
-    manager = comm_manager(state.shell)
+    manager = _manager(state.shell)
     if manager is not None and manager.targets.get(TARGET) == sidebar.open:
         manager.unregister_target(TARGET, sidebar.open)
     sidebar.close()
+
+
+def _manager(shell: Any) -> Any | None:
+    """Return the shell's comm manager, or None (none there, or it moved: said by compat)."""
+    return comm_manager(shell) if works("ipykernel.comm_manager", shell) else None

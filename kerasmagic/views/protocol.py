@@ -5,10 +5,10 @@ Every request is checked against a closed list of fields and message types. What
 echoes back of the request is clipped, so a huge request never becomes a huge reply.
 
 ``python -m kerasmagic.views.protocol > labextension/src/wire.ts`` writes the TypeScript
-interfaces the frontend compiles against, generated from the Python dataclasses; a test fails
-when the committed file and this output differ, so the two sides cannot drift. ``EXTRA`` holds
-what ``to_dict`` or the comm adds beside a dataclass's own fields (a ``?`` marks what older
-kernels do not send).
+interfaces the frontend compiles against, generated from the Python dataclasses (and the
+backends' ``LABELS``, so both sides name a backend alike); a test fails when the committed file
+and this output differ, so the two sides cannot drift. ``EXTRA`` holds what ``to_dict`` or the
+comm adds beside a dataclass's own fields (a ``?`` marks what older kernels do not send).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import types
 import typing
 from typing import Any
 
-from kerasmagic.backends import BackendDevice, BackendInfo
+from kerasmagic.backends import LABELS, BackendDevice, BackendInfo
 from kerasmagic.cleanup import CleanupReport
 from kerasmagic.cleanup.holders import LiveModel
 from kerasmagic.live.leak import CellRecord, LeakVerdict
@@ -27,7 +27,7 @@ from kerasmagic.oom.explain import OomFacts
 from kerasmagic.probes import GpuDevice, GpuInfo, KerasInfo, RamInfo, Variable
 from kerasmagic.snapshot import Headline, MemorySnapshot, SnapshotDelta
 
-PROTOCOL = 2
+PROTOCOL = 3  # 3: a cleanup report's allocator_freed_bytes, of allocator_backend
 REQUESTS = ("snapshot", "history", "free_memory", "scan")
 HELLO_FIELDS = frozenset({"protocol", "type"})
 FIELDS = frozenset({"protocol", "type", "id"})
@@ -177,6 +177,11 @@ def typescript() -> str:
         lines.append(f"export interface {name} {{")
         lines += [f"  {field}: {kind};" for field, kind in fields(cls).items()]
         blocks.append("\n".join([*lines, "}\n"]))
+    labels = ", ".join(f"{name}: '{label}'" for name, label in LABELS.items())
+    blocks.append(
+        "/** `kerasmagic.backends.LABELS`: each backend's name as the views write it. */\n"
+        f"export const BACKEND_LABELS: {{ [name: string]: string }} = {{ {labels} }};\n"
+    )
     return "\n".join(blocks)
 
 

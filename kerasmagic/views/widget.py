@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import ipywidgets as widgets
-from traitlets import Bool, Int, List, Unicode
+from traitlets import Bool, Dict, Int, List, Unicode
 
+from kerasmagic.backends import LABELS
 from kerasmagic.live import CellRecord, LeakVerdict, LiveMonitor
 from kerasmagic.snapshot import MemorySnapshot
 from kerasmagic.units import fmt_bytes, signed_bytes
@@ -68,14 +69,15 @@ def sparkline_svg(values: Sequence[int], title: str) -> str:
     )
 
 
-def _tf_totals(snap: MemorySnapshot) -> tuple[int | None, int | None]:
-    """Return TF's tensors in use (on its GPUs, else on CPU:0) and the VRAM it holds."""
-    tf = snap.backend_named("tensorflow")
-    if tf is None or not tf.devices:
+def _allocator_totals(snap: MemorySnapshot) -> tuple[int | None, int | None]:
+    """Return the Keras backend's tensors in use (on its GPUs, else on the CPU) and the VRAM
+    the process holds."""
+    info = snap.backend
+    if info is None or not info.devices:
         return None, None
-    gpus = [d.in_use_bytes or 0 for d in tf.devices if d.kind != "cpu"]
-    if not gpus:  # CPU:0 alone: no VRAM to compare with
-        return tf.in_use_bytes, None
+    gpus = [d.in_use_bytes or 0 for d in info.devices if d.kind != "cpu"]
+    if not gpus:  # the CPU alone: no VRAM to compare with
+        return info.in_use_bytes, None
     return sum(gpus), snap.gpu_used_bytes
 
 
@@ -100,10 +102,9 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
     running_peak_rss_bytes = Int(0).tag(sync=True)  # highest sample since that cell ended
     gpu_used_bytes = Int(None, allow_none=True).tag(sync=True)
     gpu_total_bytes = Int(None, allow_none=True).tag(sync=True)
-    tf_in_use_bytes = Int(None, allow_none=True).tag(sync=True)
-    tf_reserved_bytes = Int(None, allow_none=True).tag(sync=True)
-    graph_functions = Int(None, allow_none=True).tag(sync=True)
-    custom_gradients = Int(None, allow_none=True).tag(sync=True)
+    allocator_in_use_bytes = Int(None, allow_none=True).tag(sync=True)  # the Keras backend's
+    allocator_reserved_bytes = Int(None, allow_none=True).tag(sync=True)
+    caches = Dict().tag(sync=True)  # the Keras backend's cache sizes, by name
     live_models = Int(None, allow_none=True).tag(sync=True)
     name_counter = Int(None, allow_none=True).tag(sync=True)
     last_cell = Int(None, allow_none=True).tag(sync=True)
@@ -179,7 +180,7 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
 
     def _show_snapshot(self, snap: MemorySnapshot) -> None:
         devices = snap.gpu.devices
-        tf_in_use, tf_reserved = _tf_totals(snap)
+        in_use, reserved = _allocator_totals(snap)
         backend, backend_figures = _backend_figures(snap)
         self._assign(
             samples_seen=self.samples_seen + 1,
@@ -188,12 +189,11 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
             running_peak_rss_bytes=max(self.running_peak_rss_bytes, snap.ram.rss_bytes),
             gpu_used_bytes=snap.gpu_used_bytes,
             gpu_total_bytes=sum(d.total_bytes for d in devices) if devices else None,
-            tf_in_use_bytes=tf_in_use,
-            tf_reserved_bytes=tf_reserved,
+            allocator_in_use_bytes=in_use,
+            allocator_reserved_bytes=reserved,
             backend=backend,
             backend_figures=backend_figures,
-            graph_functions=snap.cache("tensorflow", "functions"),
-            custom_gradients=snap.cache("tensorflow", "custom_gradients"),
+            caches=dict(snap.backend.caches) if snap.backend is not None else {},
             live_models=snap.keras.live_models,
             name_counter=snap.keras.name_counter,
         )
@@ -240,18 +240,20 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
             limit = lead.limit_bytes or max(lead.used_bytes, 1)
             bar = bar_html(lead.label, lead.used_bytes, limit, reserved)
             return _tagged("lead", lead.used_bytes, bar) + rss
+        label = LABELS.get(self.backend or "tensorflow", self.backend)  # nothing yet: TF's rows
+        in_use = self.allocator_in_use_bytes
         if self.gpu_used_bytes is None or not self.gpu_total_bytes:
             vram = f"<div>VRAM: {html.escape(snap.gpu.message or snap.gpu.status)}</div>"
-            if self.tf_in_use_bytes is None:
+            if in_use is None:
                 return rss + vram
-            tensors = f"<div>TensorFlow tensors in use: {fmt_bytes(self.tf_in_use_bytes)}</div>"
-            return rss + vram + _tagged("tf", self.tf_in_use_bytes, tensors)
-        tf = (
-            f"TF in use {fmt_bytes(self.tf_in_use_bytes)} of {fmt_bytes(self.tf_reserved_bytes)}"
-            if self.tf_in_use_bytes is not None
-            else "TF allocator n/a"
+            tensors = f"<div>{html.escape(label)} tensors in use: {fmt_bytes(in_use)}</div>"
+            return rss + vram + _tagged("allocator", in_use, tensors)
+        note = (
+            f"{label} in use {fmt_bytes(in_use)} of {fmt_bytes(self.allocator_reserved_bytes)}"
+            if in_use is not None
+            else f"{label} allocator n/a"
         )
-        vram = bar_html("VRAM", self.gpu_used_bytes, self.gpu_total_bytes, tf)
+        vram = bar_html("VRAM", self.gpu_used_bytes, self.gpu_total_bytes, note)
         return rss + _tagged("vram", self.gpu_used_bytes, vram)
 
     def _figures_html(self) -> str:
@@ -259,8 +261,8 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
         shown as ``n/a`` (before TensorFlow or Keras is imported there is nothing to count)."""
         if self.backend in ("", "tensorflow"):
             graph = _known(
-                (self.graph_functions, "{} functions"),
-                (self.custom_gradients, "{} custom gradients"),
+                (self.caches.get("functions"), "{} functions"),
+                (self.caches.get("custom_gradients"), "{} custom gradients"),
             )
             graph = f"graph: {graph}" if graph else "graph: TensorFlow not imported"
         else:

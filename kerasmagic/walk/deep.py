@@ -334,7 +334,7 @@ def keras_history(tensor: Any) -> tuple[Any, int]:
     and the tensor is then owned by nothing known.
     """
     history = getattr(tensor, "_keras_history", None)
-    if not history:
+    if not history or not works("keras.keras_history"):  # moved: said once, by compat
         return None, 0
     try:
         op, index = history[0], history[1]
@@ -366,9 +366,10 @@ def with_operations(layers: list[Any]) -> list[Any]:
 def variables_of(layer: Any) -> list[Any]:
     """Return a layer's variables, and the TensorFlow variable each Keras variable wraps."""
     out = []
+    wrapped = works("keras.variables")  # moved: said once, by compat; the outer ones alone
     for variable in guarded(lambda: list(layer.weights), []):
         out.append(variable)
-        inner = getattr(variable, "_value", None)  # Keras 3 on TensorFlow wraps a tf.Variable
+        inner = getattr(variable, "_value", None) if wrapped else None  # a tf.Variable, on TF
         if inner is not None:
             out.append(inner)
     return out
@@ -379,7 +380,9 @@ def upstream_layers(tensor: Any) -> list[Any]:
     layer, node_index = keras_history(tensor)
     if layer is None:
         return []
-    start = guarded(lambda: layer._inbound_nodes[node_index], None)
+    start = None
+    if works("keras.outbound_nodes"):  # moved: said once, by compat; the layer alone
+        start = guarded(lambda: layer._inbound_nodes[node_index], None)
     layers: dict[int, Any] = {} if layer is None else {id(layer): layer}
     todo = [start] if start is not None else []
     seen: set[int] = set()

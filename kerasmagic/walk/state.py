@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+from kerasmagic.compat.registry import works
 from kerasmagic.imports import user_module
 
 # kind -> (module, attribute path) of its classes; the order decides (tf-keras's Metric is a
@@ -59,6 +60,8 @@ KINDS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 
 def _lookup(module_name: str, attr_path: str) -> type | None:
     obj: Any = sys.modules.get(module_name)
+    if module_name.endswith("common.variables") and not works("keras.variables"):
+        return None  # moved: said once, by compat
     for attr in attr_path.split("."):
         obj = getattr(obj, attr, None)
     return obj if isinstance(obj, type) else None
@@ -131,7 +134,11 @@ def instance_dict(obj: Any) -> dict[str, Any] | None:
 def callback_model(callback: Any) -> Any:
     """Return the model a callback (or ``History``) points at, without Keras's property logic."""
     attrs = instance_dict(callback)
-    return None if attrs is None else attrs.get("_model", attrs.get("model"))
+    if attrs is None:
+        return None
+    if "_model" in attrs and works("keras.callback_model"):  # moved: said once, by compat
+        return attrs["_model"]
+    return attrs.get("model")
 
 
 def user_class(kind: type) -> bool:

@@ -4,16 +4,11 @@
  */
 import { formatBytes } from './format';
 import { IOomFacts } from './protocol';
+import { BACKEND_LABELS } from './wire';
 
-const LABELS: { [backend: string]: string } = {
-  tensorflow: 'TensorFlow',
-  torch: 'PyTorch',
-  jax: 'JAX'
-};
-
-/** Return the backend's name as users know it. */
+/** Return the backend's name as users know it (kerasmagic.backends.LABELS). */
 export function backendLabel(backend: string): string {
-  return LABELS[backend] ?? backend;
+  return BACKEND_LABELS[backend] ?? backend;
 }
 
 /** `out of memory: wanted 133.5 MB on CPU:0` (what failed, where). */

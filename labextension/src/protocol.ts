@@ -7,7 +7,7 @@
 export const TARGET = 'kerasmagic';
 
 /** The protocol version this frontend speaks. */
-export const PROTOCOL = 2;
+export const PROTOCOL = 3;
 
 // The data types (snapshots, cell records, reports, scans) are generated from the Python
 // dataclasses into ./wire.ts; tests/test_protocol_schema.py keeps the two in step.

@@ -146,7 +146,9 @@ export function cleanupText(report: ICleanupReport, rssBefore: number | null, rs
   const rss = rssBefore !== null && rssAfter !== null
     ? ` (RSS ${formatBytes(rssBefore)} → ${formatBytes(rssAfter)})` : '';
   const ram = report.freed_bytes > 0 ? formatBytes(report.freed_bytes) : '';
-  const tensors = (report.tf_freed_bytes ?? 0) > 0 ? `${formatBytes(report.tf_freed_bytes)} of TensorFlow tensors` : '';
+  const tensorsFreed = report.allocator_freed_bytes ?? 0;
+  const tensors = tensorsFreed > 0
+    ? `${formatBytes(tensorsFreed)} of ${backendLabel(report.allocator_backend ?? '')} tensors` : '';
   const released = report.released ?? [];
   const graphs = released.length ? `; ${released.join('; ')}` : '';
   const dropped = droppedText(report.dropped);

@@ -138,7 +138,8 @@ export interface ICleanupReport {
   kept: string[];
   not_freed: string[];
   freed_bytes: number;
-  tf_freed_bytes: number | null;
+  allocator_freed_bytes: number | null;
+  allocator_backend: string | null;
   released: string[];
   elapsed_s: number;
   dry_run: boolean;
@@ -165,3 +166,6 @@ export interface IVariable {
   type: string;
   size_bytes: number;
 }
+
+/** `kerasmagic.backends.LABELS`: each backend's name as the views write it. */
+export const BACKEND_LABELS: { [name: string]: string } = { tensorflow: 'TensorFlow', jax: 'JAX', torch: 'PyTorch' };

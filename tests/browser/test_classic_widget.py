@@ -92,8 +92,9 @@ def test_live_widget_renders_and_moves_in_classic_notebook(classic: Server, page
     wait_until(page, f"() => {RSS_JS} > {after + 60 * MB}", timeout_s=7)
     assert "[*]" in running.locator(".input_prompt").inner_text(), "moved only after the cell"
     run_classic(page, 4)  # TensorFlow's allocator, counted on the CPU, shown beside RSS
-    wait_until(page, "() => document.querySelector('[data-km-live=\"tf\"]') !== null", timeout_s=60)
-    tf_bytes = int(page.locator('.kerasmagic-live [data-km-live="tf"]').get_attribute("data-bytes"))
+    tensors = '.kerasmagic-live [data-km-live="allocator"]'
+    wait_until(page, f"() => document.querySelector('{tensors}') !== null", timeout_s=60)
+    tf_bytes = int(page.locator(tensors).get_attribute("data-bytes"))
     assert tf_bytes >= 4_000_000
     shots = os.environ.get("KERASMAGIC_SCREENSHOT_DIR")
     if shots:

@@ -1,9 +1,9 @@
 """TensorFlow: allocator per device (CPU:0 and GPUs), graph and function caches.
 
 The TensorFlow internals live beside this module: ``runtime`` (allocator per device, growth /
-memory cap, the thread's eager mode), ``graphs`` (default graph, gradient registry, function
-library, a model's traced graphs, tf.function traces of dropped models) and ``stack`` (string
-op stack traces).
+memory cap, each device's limit, the thread's eager mode), ``graphs`` (default graph, gradient
+registry, function library, a model's traced graphs, tf.function traces of dropped models) and
+``stack`` (string op stack traces).
 """
 
 from __future__ import annotations
@@ -153,6 +153,8 @@ def read_modes() -> runtime.Mode | None:
 def put_back(before: object, failed: bool) -> list[str]:
     """Drop the context switches blocks that are over left (after any cell); after a failed
     one, switch eager execution back on if an interrupt left the thread in graph mode."""
+    if not works("tf.modes"):  # moved: said once, by compat
+        return []
     start = before if isinstance(before, runtime.Mode) else None
     said = []
     dropped = runtime.drop_stale_switches(start)
@@ -186,4 +188,5 @@ BACKEND = Backend(
     attach=attach,
     detach=stack.uninstall,
     modes=Modes(read_modes, put_back),
+    limit=runtime.device_limit,
 )

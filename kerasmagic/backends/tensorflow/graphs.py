@@ -152,7 +152,7 @@ def purge_custom_gradients(collect: Callable[[], object] = gc.collect) -> PurgeR
     entries = gradient_registry()
     ops = sys.modules.get("tensorflow.python.framework.ops")
     graph_type = getattr(ops, "Graph", None)
-    if entries is None or not isinstance(graph_type, type):
+    if entries is None or not isinstance(graph_type, type) or not works("tf.graph_attributes"):
         collect()
         return PurgeResult(0, 0, 0, "TensorFlow's gradient registry not found; nothing purged")
     parked: dict[str, list[weakref.ref[Any]]] = {}
@@ -200,7 +200,7 @@ def _graph_ops(concrete: Any) -> int:
 def traced_ops(model: Any) -> int | None:
     """Return the ops in the graphs a model's traced functions hold (None: not TensorFlow)."""
     attrs = getattr(model, "__dict__", None)
-    if type(attrs) is not dict or "tensorflow" not in sys.modules:
+    if type(attrs) is not dict or "tensorflow" not in sys.modules or not works("tf.traced_graphs"):
         return None
     total = 0
     try:
@@ -247,8 +247,9 @@ def variable_ids(models: Iterable[Any]) -> set[int]:
             variables += list(getattr(optimizer, "variables", None) or ())
         except Exception:  # a half-built model: its variables cannot be listed
             continue
+        keras = works("keras.variables")  # moved: each variable is taken as it is
         for variable in variables:
-            inner = getattr(variable, "_value", variable)  # Keras 3 wraps a tf.Variable
+            inner = getattr(variable, "_value", variable) if keras else variable  # Keras 3 wraps
             handle = getattr(inner, "handle", None)
             if handle is not None:
                 ids.add(id(handle))
@@ -314,6 +315,8 @@ def _first_call_initializers(fn: Any) -> list[Any] | None:
     life, so the variables that call created (an optimizer's slots, built inside the step) and
     the model they were made for outlive both, until the Function itself goes.
     """
+    if not works("tf.first_call_initializers"):  # moved: said once, by compat
+        return None
     config = getattr(fn, "_variable_creation_config", None)
     wrapped = getattr(config, "python_function", None)
     scope = _closure_value(wrapped, "scope")

@@ -1,15 +1,20 @@
 """TensorFlow's runtime: the allocator per device (CPU:0 and GPUs), the memory configuration
-(growth, a cap) and the thread's eager mode, put back after an interrupt left it in graph mode.
+(growth, a cap) and each device's limit, and the thread's eager mode, put back after an
+interrupt left it in graph mode.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kerasmagic.backends import Limit
+from kerasmagic.backends.oom import GPU_TOTAL, HOST_RAM, index_of, is_cpu
 from kerasmagic.compat.registry import loaded, works
 
 
@@ -145,6 +150,53 @@ def configure_tensorflow(growth: bool = False, limit_mb: int | None = None) -> s
         return TOO_LATE
     what = f"memory capped at {limit_mb} MB" if limit_mb is not None else "memory growth on"
     return f"{what} for {len(gpus)} GPU(s)"
+
+
+# -- limit: the cap on CPU:0 is TF_CPU_BFC_MEM_LIMIT_IN_MB; on a GPU, the logical device's
+# memory_limit (%gpu_mem --limit, tf.config.set_logical_device_configuration), read from the
+# physical GPU's configuration, which starts nothing. Without a cap: host RAM, the GPU's total.
+CPU_CAP_VAR = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+TF_CAP = "TensorFlow's memory_limit"
+
+
+def tf_logical_gpus(tf: Any) -> list[tuple[int, int | None]]:
+    """Return each logical GPU of TensorFlow as (physical index, memory_limit in MB or None).
+
+    Reads the configuration set on each physical GPU; never starts TensorFlow's runtime.
+    """
+    out: list[tuple[int, int | None]] = []
+    for physical, gpu in enumerate(tf.config.list_physical_devices("GPU")):
+        configs = tf.config.get_logical_device_configuration(gpu) or [None]
+        out.extend((physical, getattr(c, "memory_limit", None)) for c in configs)
+    return out
+
+
+def tf_gpu_limit(
+    index: int, logical: Sequence[tuple[int, int | None]], totals: Sequence[int]
+) -> Limit | None:
+    """Return the limit of TensorFlow's ``GPU:index``: its memory_limit, else its GPU's total.
+
+    ``logical`` is ``tf_logical_gpus``'s answer, ``totals`` each visible GPU's bytes (NVML).
+    """
+    physical, cap_mb = logical[index] if index < len(logical) else (index, None)
+    if cap_mb:
+        return Limit(int(cap_mb) * 2**20, TF_CAP)
+    return Limit(totals[physical], GPU_TOTAL) if physical < len(totals) else None
+
+
+def tf_cpu_cap() -> Limit | None:
+    """Return the cap of TensorFlow's capped CPU allocator, if one is set."""
+    cap = os.environ.get(CPU_CAP_VAR, "")
+    return Limit(int(cap) * 2**20, CPU_CAP_VAR) if cap.isdigit() else None
+
+
+def device_limit(device: str, totals: Sequence[int], host_total: int | None) -> Limit | None:
+    """Return the limit of TensorFlow's ``device`` (``Backend.limit``): its cap, else the host's
+    RAM (``CPU:0``) or its GPU's total."""
+    if is_cpu(device):
+        return tf_cpu_cap() or (Limit(host_total, HOST_RAM) if host_total else None)
+    tf = sys.modules.get("tensorflow")
+    return tf_gpu_limit(index_of(device), tf_logical_gpus(tf) if tf is not None else [], totals)
 
 
 # -- mode: TensorFlow's execution mode on the main thread, and putting it back after an interrup
