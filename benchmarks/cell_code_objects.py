@@ -21,15 +21,8 @@ Prints the RSS slope per re-run (Theil-Sen, first 5 runs left out) and writes
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import time
-from typing import Any
 
-import psutil
-from leak_loop import BODY, SETUP, _execute, _value, save
-
-from kerasmagic._demo import slope
+from leak_loop import BODY, kernel_variant, save
 
 UNCACHED = (
     "import kerasmagic.cells.run as _run\n"
@@ -46,43 +39,14 @@ VARIANTS: dict[str, tuple[str, str]] = {
 }
 
 
-def run_variant(name: str, before: str, cell: str, runs: int, samples: int) -> dict[str, Any]:
-    """Re-run ``cell`` ``runs`` times in a fresh kernel after ``before``; return the figures."""
-    from jupyter_client.manager import start_new_kernel
-
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    km, kc = start_new_kernel(kernel_name="python3", env=env)
-    try:
-        _execute(kc, SETUP.format(samples=samples) + "\n%load_ext kerasmagic")
-        if before:
-            _execute(kc, before)
-        proc = psutil.Process(km.provisioner.process.pid)  # type: ignore[union-attr]
-        rss, times = [], []
-        for _ in range(runs):
-            start = time.perf_counter()
-            _execute(kc, cell)
-            times.append(time.perf_counter() - start)
-            rss.append(proc.memory_info().rss / 2**20)
-        starts = _value(kc, "starts")
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
-    return {
-        "variant": name,
-        "runs": runs,
-        "rss_mb_per_run": round(slope(rss, 5), 4),
-        "run_s_median": round(statistics.median(times), 3),
-        "rss_mb": [round(r, 1) for r in rss],
-        "allocator_start_mb": [round(s / 2**20, 2) for s in starts],
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--samples", type=int, default=20000)
     args = parser.parse_args()
-    rows = [run_variant(n, b, c, args.runs, args.samples) for n, (b, c) in VARIANTS.items()]
+    rows = [
+        kernel_variant(n, c, args.runs, args.samples, before=b) for n, (b, c) in VARIANTS.items()
+    ]
     for row in rows:
         print(
             f"{row['variant']:<56} {row['rss_mb_per_run']:>8.3f} MB/run "

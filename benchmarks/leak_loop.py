@@ -65,8 +65,11 @@ def _execute(kc: Any, code: str, timeout_s: float = 600) -> None:
             return
 
 
-def kernel_variant(name: str, cell: str, runs: int, samples: int) -> dict[str, Any]:
-    """Re-run one model cell ``runs`` times in a fresh kernel; return its per-run figures."""
+def kernel_variant(
+    name: str, cell: str, runs: int, samples: int, before: str = ""
+) -> dict[str, Any]:
+    """Re-run one model cell ``runs`` times in a fresh kernel (after running ``before`` once);
+    return its per-run figures."""
     from jupyter_client.manager import start_new_kernel
 
     km, kc = start_new_kernel(
@@ -74,6 +77,8 @@ def kernel_variant(name: str, cell: str, runs: int, samples: int) -> dict[str, A
     )
     try:
         _execute(kc, SETUP.format(samples=samples) + "\n%load_ext kerasmagic\npid = os.getpid()")
+        if before:
+            _execute(kc, before)
         proc = psutil.Process(km.provisioner.process.pid)  # type: ignore[union-attr]
         rss, times = [], []
         for _ in range(runs):
