@@ -115,6 +115,32 @@ def test_rebinding_rule(source: str, names: set[str]) -> None:
 # --- B: cells run as plain cells do ---------------------------------------------------------
 
 
+def test_a_rerun_cell_runs_the_same_code_below_the_same_frames(ip: InteractiveShell) -> None:
+    """TF's eager runtime caches the innermost frames of each op by code object: a re-run runs
+    the code compiled the first time, and the frames within TF's window of the cell's frame are
+    the same objects' code each run (IPython compiles a new code object per run;
+    benchmarks/cell_code_objects.py measures what this keeps)."""
+    from kerasmagic.cells.run import PADDING_FRAMES
+
+    run(ip, "import sys\nseen = []")
+    ip.user_ns["PADDING_FRAMES"] = PADDING_FRAMES
+    body = (
+        "f, codes = sys._getframe(), []\n"
+        "while f is not None and len(codes) <= PADDING_FRAMES:\n"
+        "    codes.append(f.f_code)\n"
+        "    f = f.f_back\n"
+        "seen.append(codes)"
+    )
+    for _ in range(3):
+        fresh(ip, body)
+    first, *later = ip.user_ns["seen"]
+    assert all(len(codes) == PADDING_FRAMES + 1 for codes in ip.user_ns["seen"])
+    assert all(all(a is b for a, b in zip(first, codes, strict=True)) for codes in later)
+    run(ip, body)  # a plain cell: a new code object each run, as IPython compiles it
+    run(ip, body)
+    assert ip.user_ns["seen"][-1][0] is not ip.user_ns["seen"][-2][0]
+
+
 def test_top_level_await(ip: InteractiveShell) -> None:
     run(ip, "import asyncio")
     fresh(ip, "await asyncio.sleep(0)\nawaited = True")
