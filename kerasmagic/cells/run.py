@@ -5,9 +5,9 @@ Compiled once: TensorFlow's eager runtime records the innermost ~25 Python frame
 C++ map keyed by code objects and never empties it. A re-run cell compiled afresh is a new key
 that ``gc`` cannot see (``benchmarks/cell_code_objects.py``: 0.149 MB per re-run compiled
 afresh without padding, 0.091 MB compiled once and padded). So the cell's code is compiled once
-per distinct source (``compile_cell``). Like a plain cell, the code is compiled by the shell's compiler (its
-``__future__`` flags, and top-level ``await`` when ``autoawait`` is on) and named ``Cell In[N]``
-in tracebacks; the cell is parsed once, and every step is linear in its size.
+per distinct source (``compile_cell``). Like a plain cell, the code is compiled by the shell's
+compiler (its ``__future__`` flags, and top-level ``await`` when ``autoawait`` is on) and named
+``Cell In[N]`` in tracebacks; the cell is parsed once, and every step is linear in its size.
 
 Refused (``CompileCheck``): IPython turns a cell magic into a call, so an error in the body (a
 typo, a bad indent, a ``return`` outside a function, a NUL byte, nesting too deep for the
