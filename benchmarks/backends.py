@@ -59,7 +59,7 @@ def build():
     return model
 """
 BODY = (
-    "_b = take_snapshot(functions=False).backend\n"  # the allocator as the re-run's code starts
+    "_b = take_snapshot(light=True).backend\n"  # the allocator as the re-run's code starts
     "starts.append(None if _b is None else _b.in_use_bytes)\n"
     "model = build()\nhistory = model.fit(x, y, epochs=1, verbose=0)\n"
     "model.predict(x[:256], verbose=0)\n"

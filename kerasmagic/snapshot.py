@@ -234,9 +234,10 @@ def _backend_bytes(snap: MemorySnapshot) -> int | None:
 
 
 def take_snapshot(
-    namespace: Mapping[str, Any] | None = None, *, functions: bool = True
+    namespace: Mapping[str, Any] | None = None, *, light: bool = False
 ) -> MemorySnapshot:
-    """Read every probe once; ``namespace`` lets Keras models be counted."""
+    """Read every probe once; ``namespace`` lets Keras models be counted. ``light`` skips the
+    backends' costlier counts (TensorFlow's function library), as the per-cell hooks do."""
     return MemorySnapshot(
         time_s=time.time(),
         pid=os.getpid(),
@@ -244,5 +245,5 @@ def take_snapshot(
         gpu=read_gpus(),
         keras=read_keras(namespace),
         keras_backend=keras_backend(),
-        backends=read_active(light=not functions),
+        backends=read_active(light=light),
     )

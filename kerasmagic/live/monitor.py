@@ -167,7 +167,7 @@ class LiveMonitor(Configurable):
         """
         latest = self._latest
         if latest is None:
-            return take_snapshot(self._shell.user_ns, functions=False)
+            return take_snapshot(self._shell.user_ns, light=True)
         return dataclasses.replace(latest, time_s=time.time(), ram=read_ram())
 
     def post_run_cell(self, result: Any) -> None:
@@ -187,7 +187,7 @@ class LiveMonitor(Configurable):
         start, key, mode = self._start
         self._start = None
         try:
-            end = take_snapshot(self._shell.user_ns, functions=False)
+            end = take_snapshot(self._shell.user_ns, light=True)
         except BaseException:
             self.sampler.cell_finished(start.ram.rss_bytes, None)  # back to idle sampling
             raise

@@ -246,7 +246,7 @@ def report(shell: Any, error: BaseException | None) -> OomReport | None:
     from kerasmagic.snapshot import take_snapshot
 
     ns = shell.user_ns
-    snap = take_snapshot(ns, functions=False)
+    snap = take_snapshot(ns, light=True)
     rss, total = snap.ram.rss_bytes, snap.ram.total_bytes
     figures = read_figures(oom, snap.backends, snap.gpu.devices, total, rss)
     text, facts = explain(oom, figures, live_models(ns))

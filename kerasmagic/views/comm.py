@@ -335,7 +335,7 @@ class Sidebar:
         on_main = threading.current_thread() is threading.main_thread()
         latest = None if self._monitor is None else self._monitor.latest()
         if on_main or latest is None:
-            return take_snapshot(self._shell.user_ns if on_main else None, functions=on_main)
+            return take_snapshot(self._shell.user_ns if on_main else None, light=not on_main)
         return latest
 
     def _verdict(self) -> dict[str, Any] | None:
