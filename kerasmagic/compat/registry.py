@@ -174,7 +174,7 @@ def works(name: str, shell: Any = None) -> bool:
     the running one, if its module was imported since the last check; said once when it does
     not). An IPython or ipykernel reach with no shell to probe is not probed yet."""
     if name not in _results:
-        reach = next((r for r in REACHES if r.name == name), None)
+        reach = _BY_NAME.get(name)
         if reach is None:
             raise KeyError(f"kerasmagic names no reach {name!r}")
         shell = _current_shell() if shell is None else shell
@@ -191,7 +191,7 @@ def works(name: str, shell: Any = None) -> bool:
 def broken(name: str, found: str) -> None:
     """Record that kerasmagic found the reach ``name`` not as expected while using it (a
     structure a probe cannot see without a live object); say it once; its feature is off."""
-    reach = next(r for r in REACHES if r.name == name)
+    reach = _BY_NAME[name]
     if _results.get(name) is not None:
         return
     off = _with_version(reach, found)
@@ -390,6 +390,8 @@ REACHES: tuple[Reach, ...] = (
        "%gpu_mem --deep cannot say what holds a model", "CPython 3.11-3.13", p.referrers),
 )
 # fmt: on
+
+_BY_NAME: dict[str, Reach] = {reach.name: reach for reach in REACHES}
 
 # Each private name of another library the code uses -> the reach whose feature uses it
 # (tests/test_registry.py parses the package and fails on a private name not listed here).
