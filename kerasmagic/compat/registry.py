@@ -140,12 +140,18 @@ def ready(module: str, finished: frozenset[str] = frozenset()) -> bool:
 
 def _importing(module: Any) -> bool:
     """Return whether ``module``'s code is still running (reach ``cpython.module_spec``)."""
-    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+    spec = getattr(module, "__spec__", None)
+    return spec is not None and getattr(spec, "_initializing", False) is True
 
 
 def loaded(module: str) -> Any | None:
-    """Return ``module`` once it and its package are imported and done importing, else None."""
-    return sys.modules[module] if ready(module) else None
+    """Return ``module`` once it and its package are imported and done importing, else None
+    (asked every cell: two dict lookups when the module is there)."""
+    found = sys.modules.get(module)
+    top = sys.modules.get(module.partition(".")[0])
+    if found is None or top is None or _importing(top) or _importing(found):
+        return None
+    return found
 
 
 def check(
