@@ -337,21 +337,17 @@ class CompileCheck:
     def load(cls, state: ShellState) -> CompileCheck | None:
         """The ``check`` part: install the check on the shell, first of kerasmagic's
         transformers."""
-        if not works("ipython.transformers", state.shell):  # moved: said once, by compat
-            return None
-        check = cls(state.shell)
-        state.shell.input_transformers_cleanup.append(check)
-        state.shell.events.register("post_run_cell", check.cell_ended)
+        check = _install(cls(state.shell))
+        if check is not None:
+            state.shell.events.register("post_run_cell", check.cell_ended)
         return check
 
     @staticmethod
     def unload(state: ShellState, check: CompileCheck | None) -> None:
         """Remove the check from the shell."""
-        if check is None:
-            return
-        transforms = state.shell.input_transformers_cleanup
-        transforms[:] = [t for t in transforms if t is not check]
-        state.shell.events.unregister("post_run_cell", check.cell_ended)
+        if check is not None:
+            _remove(check)
+            state.shell.events.unregister("post_run_cell", check.cell_ended)
 
 
 PADDING_FRAMES = 32  # deeper than the frames TensorFlow captures from an eager op
@@ -476,19 +472,29 @@ class AwaitTransformer:
     @classmethod
     def load(cls, state: ShellState) -> AwaitTransformer | None:
         """The ``await`` part: install the transformer on the shell."""
-        if not works("ipython.transformers", state.shell):  # moved: said once, by compat
-            return None
-        transformer = cls(state.shell)
-        state.shell.input_transformers_cleanup.append(transformer)
-        return transformer
+        return _install(cls(state.shell))
 
     @staticmethod
     def unload(state: ShellState, transformer: AwaitTransformer | None) -> None:
         """Remove the transformer from the shell."""
-        if transformer is None:
-            return
-        transforms = state.shell.input_transformers_cleanup
-        transforms[:] = [t for t in transforms if t is not transformer]
+        if transformer is not None:
+            _remove(transformer)
+
+
+Transformer = TypeVar("Transformer", "CompileCheck", "AwaitTransformer")
+
+
+def _install(transformer: Transformer) -> Transformer | None:
+    """Add ``transformer`` to its shell's cleanup transformers, unless they moved (said once)."""
+    if not works("ipython.transformers", transformer.shell):
+        return None
+    transformer.shell.input_transformers_cleanup.append(transformer)
+    return transformer
+
+
+def _remove(transformer: CompileCheck | AwaitTransformer) -> None:
+    transforms = transformer.shell.input_transformers_cleanup
+    transforms[:] = [t for t in transforms if t is not transformer]
 
 
 def runs_async(shell: Any, body: str) -> bool:
