@@ -118,7 +118,7 @@ def test_the_colab_example_runs_as_written(
     one_model = min(b - a for a, b in itertools.pairwise(hand))
     assert max(ours[1:]) - min(ours[1:]) < one_model, (ours, hand)
     assert ours[-1] < hand[-1] / 2, (hand, ours)
-    freed = re.search(r"kerasmagic: freed .* ([\d.]+) MB of TensorFlow tensors", fresh)
+    freed = re.search(r"kerasmagic: RSS .*; TF tensors \S+ \w+ \(cleanup -([\d.]+) MB", fresh)
     assert freed is not None and float(freed[1]) > hand[-1] - hand[0], fresh
     assert "TF allocator" in summary and "Traceback" not in summary, summary
     (widget,) = [c for c in notebook.cells if "%gpu_mem --live" in c.source]

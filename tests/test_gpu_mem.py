@@ -33,7 +33,7 @@ def test_table_without_gpu(kip: InteractiveShell, capsys: pytest.CaptureFixture[
     assert f"kernel pid {os.getpid()}" in out
     assert "GPU" in out and "no NVIDIA GPU" in out
     assert "CPU:0 (CPU) tensors in use" in out
-    assert "1 live model in the namespace" in out
+    assert "1 live model named in the notebook" in out
 
 
 def test_cpu_allocator_is_read_to_the_byte(
@@ -240,3 +240,53 @@ def test_deep_scan_marks_what_free_memory_frees(
     models = json.loads(capsys.readouterr().out)["models"]
     model = next(m for m in models if any(h.startswith("Out[") for h in m["holders"]))
     assert model["freeable"] and "output cache" in model["remedies"][0]
+
+
+def test_every_view_counts_live_models_alike_and_names_its_subset(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One definition of a live model: the deep scan counts every one (a closure's too), the
+    per-cell figure those named in the notebook, and each label says which it counts; model
+    state no model owns is listed, not counted as a model."""
+    from kerasmagic.cleanup.holders import deep_scan
+
+    run(kip, "model = build()\ndef make():\n    held = build()\n    return lambda: held")
+    run(kip, "f = make()  # a model only a closure holds")
+    run(kip, "layer = keras.layers.Dense(3)\nlayer.build((None, 2))")
+    capsys.readouterr()
+    kip.run_line_magic("gpu_mem", "--deep")
+    text = capsys.readouterr().out
+    assert "1 live model named in the notebook" in text
+    assert "2 live Keras models (1 named in the notebook): what holds them" in text
+    assert "a function closure" in text and "(Dense)  " in text and "held by layer" in text
+    scan = deep_scan(kip.user_ns).to_dict()
+    assert sorted(m["kind"] for m in scan["models"]) == ["layer", "model", "model"]
+    assert scan["named_models"] == 1
+
+
+def test_a_cpu_figure_that_misses_tensors_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN's CPU allocator leaves tensors under 256 KB uncounted: the figure says so and how
+    to get the exact one, unless TF_CPU_ALLOCATOR_USE_BFC counts every tensor (or on a GPU)."""
+    import dataclasses
+
+    from kerasmagic.backends import tensorflow as tf_backend
+    from kerasmagic.backends.tensorflow.graphs import GraphInfo
+    from kerasmagic.backends.tensorflow.runtime import TfDeviceMemory, TfInfo
+    from kerasmagic.snapshot import take_snapshot
+    from kerasmagic.views.render import snapshot_rows
+
+    devices = (TfDeviceMemory("CPU:0", 0, 800_000, "cpu"), TfDeviceMemory("GPU:0", 0, 0, "gpu"))
+    reading = TfInfo(imported=True, initialized=True, devices=devices)
+    graph = GraphInfo(default_graph_ops=0, custom_gradients=0, functions=0)
+    for value, missed in (("", True), ("false", True), ("true", False), ("1", False)):
+        monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", value)
+        cpu, gpu = tf_backend.info(reading, graph).devices
+        assert (cpu.uncounted is not None) is missed and gpu.uncounted is None
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "")
+    info = tf_backend.info(dataclasses.replace(reading, devices=devices[:1]), graph)
+    snap = dataclasses.replace(take_snapshot(), backends=(info,))
+    (row,) = [text for label, text in snapshot_rows(snap) if label == "TF allocator"]
+    assert row == (
+        "CPU:0 (CPU) tensors in use 0 B, peak 781.2 KB (misses tensors under 256 KB; set "
+        "TF_CPU_ALLOCATOR_USE_BFC=true before importing TensorFlow for the exact figure)"
+    )

@@ -13,7 +13,7 @@ from traitlets.config import Config
 
 from kerasmagic.backends import BackendInfo
 from kerasmagic.live import CellRecord, get_monitor
-from kerasmagic.live.leak import LeakDetector
+from kerasmagic.live.leak import FRESH_REMEDY, UNDER_FRESH, LeakDetector
 from kerasmagic.probes import GpuInfo, KerasInfo, RamInfo
 from kerasmagic.snapshot import MemorySnapshot, diff
 
@@ -58,6 +58,19 @@ def test_steady_growth_is_a_leak() -> None:
     verdict = LeakDetector().judge(history([10, 9, 11, 10]))
     assert verdict.growing and verdict.what == "rss"
     assert "10.0 MB per run" in verdict.message and "%%fresh_model" in verdict.message
+
+
+def test_the_message_wraps_between_words_within_80_columns() -> None:
+    """Issue 39: printed in JupyterLab the verdict was one paragraph its output broke inside
+    words ("Run the c|ell", "--isol|ate"); each line now ends at a word, within 80 columns."""
+    for verdict, advice in (
+        (LeakDetector().judge(history([10, 9, 11, 10])), FRESH_REMEDY),
+        (LeakDetector().judge(_counter_runs("plain", graph_ops=True)), FRESH_REMEDY),
+        (LeakDetector().judge(_counter_runs("fresh")), UNDER_FRESH["custom_gradients"]),
+    ):
+        lines = verdict.message.splitlines()
+        assert len(lines) > 1 and all(len(line) <= 80 for line in lines), verdict.message
+        assert advice in " ".join(lines), verdict.message  # no word cut, no space lost
 
 
 def test_one_large_allocation_is_not_a_leak() -> None:

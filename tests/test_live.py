@@ -165,3 +165,29 @@ def test_samples_during_a_cell_show_what_the_cell_created(kip: InteractiveShell)
     assert gradients > (start.cache("tensorflow", "custom_gradients") or 0)
     assert (mid.cache("tensorflow", "functions") or 0) > 0
     assert mid.keras_backend == "tensorflow" and mid.backend is not None
+
+
+def test_a_reload_in_the_same_kernel_keeps_the_history(ip: InteractiveShell) -> None:
+    """``%unload_ext`` then ``%load_ext``: the same kernel, the same cells; the monitor, the
+    sidebar's state and the leak detector go on from them. A count that went back (a shell
+    reset, as the tests' fixture does) is another run of cells: it starts afresh."""
+    from kerasmagic.shellstate import state_of
+
+    run(ip, "a = 1")
+    run(ip, "b = 2")
+    before = [r.execution_count for r in monitor_of(ip).history()]
+    assert before == [1, 2]
+    run(ip, "%unload_ext kerasmagic")
+    run(ip, "%load_ext kerasmagic")
+    state = state_of(ip)
+    assert state is not None
+    sidebar = state.part("sidebar")
+    assert sidebar is not None
+    sent = sidebar._state()["history"]
+    assert [c["execution_count"] for c in sent] == before
+    run(ip, "c = 3")
+    assert [r.execution_count for r in monitor_of(ip).history()] == [*before, 5]
+    ip.run_line_magic("unload_ext", "kerasmagic")
+    ip.execution_count = 1
+    ip.run_line_magic("load_ext", "kerasmagic")
+    assert monitor_of(ip).history() == []

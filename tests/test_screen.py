@@ -9,12 +9,15 @@ kernel's own.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,7 +27,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from kerasmagic.cleanup import CleanupReport, last_report, report_text
 from kerasmagic.live import get_monitor
 from kerasmagic.units import signed_bytes
-from kerasmagic.views.render import no_stats
+from kerasmagic.views.render import ReportLine, no_stats
 
 KB = 1024
 ROOT = Path(__file__).parent.parent
@@ -61,21 +64,96 @@ def test_ram_freed_with_nothing_dropped_is_explained() -> None:
     )
 
 
-def test_a_cell_that_gives_ram_back_is_not_said_to_take_a_negative_amount() -> None:
-    """ "the cell then took -1004.0 KB" read wrong: a cell whose code ends below where the
-    cleanup left RSS gave memory back; the net stays signed, as the badge shows it."""
-    before = 100 * KB * KB
-    gave = report_text(report(), before, None, before - 1004 * KB)
-    assert gave.endswith("; the cell then gave back 1004.0 KB of RAM"), gave
-    took = report_text(report(), before, None, before + 2 * KB * KB)
-    assert took.endswith("; the cell then took +2.0 MB of RAM"), took
+@dataclass
+class FakeRecord:
+    """What report_text reads of a cell's record: its start, its end and their difference."""
+
+    start_rss: int
+    end_rss: int
+    tensors: dict[str, int]
+
+    @property
+    def start(self) -> Any:
+        return SimpleNamespace(ram=SimpleNamespace(rss_bytes=self.start_rss))
+
+    @property
+    def end(self) -> Any:
+        return SimpleNamespace(ram=SimpleNamespace(rss_bytes=self.end_rss))
+
+    @property
+    def delta(self) -> Any:
+        return SimpleNamespace(device_bytes=self.tensors)
+
+
+SPLIT = re.compile(r"(RSS|TF tensors) (\S+ \w+) \(cleanup (\S+ \w+), the cell (\S+ \w+)\)")
+
+
+def megabytes(figure: str) -> float:
+    number, unit = figure.split()
+    return float(number) * {"B": 2**-20, "KB": 2**-10, "MB": 1, "GB": 2**10}[unit]
+
+
+def test_the_line_adds_up_the_cleanup_and_the_cell_to_the_badges_figure() -> None:
+    """Issue 39: "freed 396.0 KB of RAM ... the cell then took +16.0 KB of RAM, +400.0 KB for
+    the whole cell" added up to nothing a reader could check. The line leads with the cell's
+    change as its badge shows it (RSS, TF tensors), then the cleanup's part and the cell's own,
+    which add up to it; what was dropped follows, its names without their descriptions."""
+    mb = KB * KB
+    dropped = ("h (a KerasTensor holding 2 layers, 4.4 MB)", "model", "history.model", "Out[3]")
+    record = FakeRecord(100 * mb, 95 * mb, {"tensorflow": -20 * mb})
+    freed = report(dropped=dropped, allocator_freed_bytes=80 * mb)
+    line = report_text(freed, 0, 90 * mb, record, 0)  # the record's start and end win
+    assert line == (
+        "RSS -5.0 MB (cleanup -10.0 MB, the cell +5.0 MB); "
+        "TF tensors -20.0 MB (cleanup -80.0 MB, the cell +60.0 MB); "
+        "dropped h, model and 2 more"
+    )
+    for _, net, cleanup, cell in SPLIT.findall(line):
+        assert megabytes(cleanup) + megabytes(cell) == megabytes(net)
+    gave = report_text(report(dropped=()), 100 * mb, 99 * mb, None, 99 * mb - 1004 * KB)
+    assert gave == "RSS -2.0 MB (cleanup -1.0 MB, the cell -1004.0 KB)", gave
+    nothing = FakeRecord(mb, mb, {"tensorflow": 0})
+    quiet = report_text(report(dropped=(), allocator_freed_bytes=0), 0, mb, nothing, 0)
+    assert quiet == "RSS 0 B (cleanup 0 B, the cell 0 B)", quiet  # as the badge writes 0
+
+
+def test_the_line_stays_short_and_the_detail_is_one_flag_or_click_away(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The line is what a person reads after every cell: short, whatever the cleanup did.
+    What it did in full (what was freed of what, in how long, what was released and kept) is
+    under the line: one click in a notebook (the line's ▸), ``-v`` in text."""
+    many = tuple(f"layer_{i} (a Dense layer, 5.2 KB)" for i in range(12))
+    released = ("released 10 training graphs (TF's gradient registry)",)
+    full = report(dropped=many, released=released, kept=("base",), notes=("a note " * 12,))
+    line = report_text(full, 0, 0, FakeRecord(KB, KB, {"tensorflow": 0}), 0)
+    assert len(line) <= 140, line  # and 60 to 80 where no tensors moved
+    view = ReportLine(f"kerasmagic: {line}", full.summary())
+    assert repr(view) == f"kerasmagic: {line}"
+    opened = ReportLine(view.line, view.detail, verbose=True)
+    assert repr(opened).splitlines()[1:] == [f"  {row}" for row in full.summary().splitlines()]
+    page = view._repr_html_()
+    assert page.startswith("<details class='kerasmagic-line'") and " open" not in page
+    assert f"title='what the cleanup did: click'>{html.escape(view.line)}</summary>" in page
+    assert "released 10 training graphs (TF&#x27;s gradient registry)" in page
+    assert opened._repr_html_().startswith("<details open ")
+
+    run(kip, "base = build()")
+    for flag, rows in (("", 1), ("-v", 4)):
+        capsys.readouterr()
+        run(kip, f"%%fresh_model {flag}\nmodel = build()")
+        out = capsys.readouterr().out.strip().splitlines()
+        assert len(out) == rows and out[0].startswith("kerasmagic: RSS "), out
+    assert out[1:] == [f"  {row}" for row in last_report(kip).summary().splitlines()]  # type: ignore[union-attr]
+    assert "  still alive: base" in out, out
 
 
 def test_the_report_line_and_the_cells_record_say_the_same_net(
     kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The badge under a cell shows its record's RSS change; the report line names the same
-    figure, to the byte as printed, and what it is made of."""
+    """The badge under a cell shows its record's RSS change; the report line leads with the
+    same figure, to the byte as printed, and the cleanup's and the cell's parts add up to it
+    (to the printed figures' rounding)."""
     monitor = get_monitor(kip)
     assert monitor is not None
     for _ in range(2):
@@ -84,9 +162,10 @@ def test_the_report_line_and_the_cells_record_say_the_same_net(
         line = capsys.readouterr().out.strip().splitlines()[-1]
         record = monitor.history()[-1]
         net = signed_bytes(record.delta.rss_bytes)
-        assert line.endswith(f", {net} for the whole cell"), (line, net)
-        took = re.search(r"the cell then (took \+|gave back )[\d.]+ \w+ of RAM", line)
-        assert took is not None, line
+        assert line.startswith(f"kerasmagic: RSS {net} (cleanup "), (line, net)
+        splits = dict((what, rest) for what, *rest in SPLIT.findall(line))
+        shown, cleanup, cell = (megabytes(f) for f in splits["RSS"])
+        assert abs(cleanup + cell - shown) <= 0.1, line  # each figure rounded to 0.1 of its unit
 
 
 def test_gpu_mem_deep_lists_the_models_it_counts_in_the_same_cell(
@@ -98,11 +177,12 @@ def test_gpu_mem_deep_lists_the_models_it_counts_in_the_same_cell(
     capsys.readouterr()
     run(kip, "base = build()\nbase.fit(x, y, verbose=0)\n%gpu_mem --deep")
     out = capsys.readouterr().out
-    counted = re.search(r"(\d+) live models? in the namespace", out)
-    assert counted is not None, out
+    counted = re.search(r"(\d+) live models? named in the notebook", out)
+    listed = re.search(r"(\d+) live Keras models? \((\d+) named in the notebook\)", out)
+    assert counted is not None and listed is not None, out
     assert "no live Keras model" not in out, out
     assert "held by base" in out and "held by model" in out, out
-    assert int(counted[1]) == 2
+    assert int(counted[1]) == int(listed[1]) == int(listed[2]) == 2, out
 
 
 def test_a_kept_models_operations_stay_in_its_graph(kip: InteractiveShell) -> None:

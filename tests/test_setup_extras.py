@@ -123,3 +123,16 @@ def test_the_check_sees_imports_and_features() -> None:
     by_name = {path.name: needed(path) for path in EXAMPLES}
     assert {"matplotlib", "numpy", "keras"} <= by_name["02_live_monitor.ipynb"]
     assert "cloudpickle" in by_name["03_cross_validation.ipynb"]
+
+
+def test_the_frontends_the_readme_names_come_with_its_setup() -> None:
+    """Issue 39: the README names Notebook 7 (its memory figure in the toolbar), but no extra
+    installed it: ``jupyter notebook`` was missing, or an old Notebook 6 without the sidebar."""
+    readme = (ROOT / "README.md").read_text()
+    named = {"jupyterlab": "4.6.4", "notebook": "7.0.0"}
+    assert "jupyter lab" in readme and "Notebook 7" in readme
+    found = {canonicalize_name(r.name): r for r in requirements(readme_extras())}
+    for name, version in named.items():
+        assert name in found, f"the README's set-up does not install {name}"
+        assert found[name].specifier.contains(version), found[name]
+    assert not found["notebook"].specifier.contains("6.5.7")  # Colab's: no sidebar there

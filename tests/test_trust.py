@@ -421,7 +421,7 @@ def test_dead_proxy_in_a_stored_traceback(kip: InteractiveShell, capsys: Any) ->
     for _ in range(2):
         run(kip, "%%fresh_model\nmodel = build()")
     text = capsys.readouterr().out
-    assert text.count("kerasmagic: freed") == 2 and "ReferenceError" not in text
+    assert text.count("kerasmagic: RSS ") == 2 and "ReferenceError" not in text
 
 
 def test_hook_failure_is_one_line_once(ip: InteractiveShell, caplog: Any) -> None:

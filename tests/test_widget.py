@@ -68,7 +68,8 @@ def test_figures_not_read_are_left_out_not_shown_as_n_a(
     widget = LiveWidget(monitor)
     run(ip, "x = 1")
     shown = widget.part("figures")
-    assert "n/a" not in shown and f"models: {widget.live_models} live, name counter" in shown
+    named = f"models: {widget.live_models} named in the notebook, name counter"
+    assert "n/a" not in shown and named in shown
     gradients = widget.caches["custom_gradients"]
     assert widget.live_models >= 1 and f"{gradients} custom gradients" in shown
     # Before TensorFlow and Keras are imported there is nothing to count: said so, once each.
@@ -231,4 +232,58 @@ def test_one_cell_is_one_comm_message(
     state = sent[0]["state"]
     assert {"value", "last_cell"} <= set(state), state
     assert "host_total_bytes" not in state  # unchanged: not sent again
+    widget.close()
+
+
+def test_the_first_moments_read_as_measuring(ip: InteractiveShell, monitor: LiveMonitor) -> None:
+    """Shown before any cell is recorded (during the cell that shows it): no "last cell 0 B",
+    no "no cell yet", but the first cell being measured; after it, its figures."""
+    from kerasmagic.snapshot import take_snapshot
+
+    assert monitor.history() == []
+    widget = LiveWidget(monitor)
+    widget.show_snapshot(take_snapshot())  # a sample while the first cell runs
+    bars, figures = widget.part("bars"), widget.part("figures")
+    assert "measuring the first cell" in bars and "last cell 0 B" not in bars
+    assert "last: measuring the first cell" in figures and "no cell yet" not in figures
+    run(ip, "a = 1")
+    assert "peak: last cell" in widget.part("bars")
+    assert "1 cell so far" in widget.part("spark")
+    widget.close()
+
+
+def _heights(svg: str) -> list[float]:
+    points = svg.split("points='")[1].split("'")[0].split()
+    return [float(p.split(",")[1]) for p in points]
+
+
+def test_the_sparkline_lies_flat_when_its_ends_read_alike() -> None:
+    """A change the caption cannot show (800.6 MB both ends) is not drawn as a full rise; one
+    value is a flat line; a real change still spans the height."""
+    from kerasmagic.views.widget import HEIGHT, sparkline_svg
+
+    base = int(800.6 * MB)
+    alike = sparkline_svg([base, base + 20_000, base + 40_000], "RSS after each cell")
+    assert "(last 3 cells): 800.6 MB<" in alike and ".." not in alike
+    assert max(_heights(alike)) - min(_heights(alike)) < 1
+    one = sparkline_svg([base], "RSS after each cell")
+    assert "(1 cell so far): 800.6 MB" in one and len(set(_heights(one))) == 1
+    assert len(_heights(one)) == 2
+    rising = _heights(sparkline_svg([base, base + 40 * MB], "RSS"))
+    assert rising[0] - rising[1] > HEIGHT - 5
+
+
+def test_a_cpu_figure_that_misses_tensors_says_so(
+    ip: InteractiveShell, monitor: LiveMonitor
+) -> None:
+    import dataclasses
+
+    from kerasmagic.backends import BackendDevice, BackendInfo
+    from kerasmagic.snapshot import take_snapshot
+
+    device = BackendDevice("CPU:0", 0, 800_000, kind="cpu", uncounted="misses tensors under 256 KB")
+    info = BackendInfo("tensorflow", "2.21.0", True, "cpu", (device,))
+    widget = LiveWidget(monitor)
+    widget.show_snapshot(dataclasses.replace(take_snapshot(), backends=(info,)))
+    assert "TensorFlow tensors in use: 0 B (misses tensors under 256 KB)" in widget.part("bars")
     widget.close()

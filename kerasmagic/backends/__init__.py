@@ -38,6 +38,7 @@ class BackendDevice:
     limit_bytes: int | None = None
     reserved_bytes: int | None = None
     kind: str | None = None  # "cpu" or "gpu": TF keeps CPU:0's statistics as a GPU's
+    uncounted: str | None = None  # what the figure is known to miss, and how to get it exact
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import dataclasses
 import gc
 import os
 import sys
+import textwrap
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
@@ -180,30 +181,30 @@ class CleanupReport:
     steps: tuple[tuple[str, float], ...] = ()  # each step's name and seconds
 
     def summary(self) -> str:
-        """Return the one-line report shown after a ``%%fresh_model`` cell."""
+        """Return what the cleanup did in full, a part per line, each within ``WIDTH``
+        columns: printed in any notebook, no line needs the frontend to break it (which
+        breaks inside words). Under a ``%%fresh_model`` cell it is the line's detail."""
         if self.dry_run:
             return f"dry run: would drop {_names(self.dropped)}; would keep {_names(self.kept)}"
-        parts = [f"{self._freed()} in {self.elapsed_s:.2f} s"]
-        parts.append(f"dropped {_names(self.dropped)}")
+        parts = [f"{self._freed()} in {self.elapsed_s:.2f} s", f"dropped {_names(self.dropped)}"]
         parts += self.released
         if self.kept:
             parts.append(f"still alive: {_names(self.kept)}")
         if self.not_freed:
             parts.append(f"NOT freed: {_names(self.not_freed)}")
-        return "; ".join(parts + list(self.notes))
+        return "\n".join(_fill(part) for part in parts + list(self.notes))
 
     def _freed(self) -> str:
-        """Say what was freed, in units that show it (12.0 KB, not 0.0 MB); RAM freed while
-        nothing was dropped is what earlier cells left for the collector."""
-        ram = f"freed {fmt_bytes(self.freed_bytes)} of RAM" if self.freed_bytes > 0 else ""
-        if ram and not self.dropped:
-            ram += " (garbage earlier cells left)"
+        """Say what was freed, in units that show it (12.0 KB, not 0.0 MB); what was freed
+        while nothing was dropped is what earlier cells left for the collector."""
+        ram = f"{fmt_bytes(self.freed_bytes)} of RAM" if self.freed_bytes > 0 else ""
         freed, name = self.allocator_freed_bytes, self.allocator_backend or ""
         label = backends.LABELS.get(name, name)
         tensors = f"{fmt_bytes(freed)} of {label} tensors" if freed and freed > 0 else ""
-        if ram and tensors:
-            return f"{ram} and {tensors}"
-        return ram or (f"freed {tensors}" if tensors else "freed no memory")
+        said = " and ".join(part for part in (ram, tensors) if part)
+        if not said:
+            return "freed no memory"
+        return f"freed {said}" + ("" if self.dropped else " (garbage earlier cells left)")
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able dict (for the sidebar and logs)."""
@@ -217,23 +218,47 @@ def _names(items: tuple[str, ...], limit: int = 6) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def report_text(report: CleanupReport, after_cleanup_rss: int, record: Any, now: int) -> str:
-    """Return a ``%%fresh_model`` cell's line once the cell is recorded: the cleanup, what the
-    cell then took, and the net change over the whole cell, which is the cell's record (the
-    badge under it, the sidebar's chart): freed and took, measured apart, add up to it. Without
-    a record (its snapshot failed) what the cell took is read from ``now``, RSS at the end."""
-    if record is None:
-        return f"{report.summary()}; {_cell_then(now - after_cleanup_rss)} of RAM"
-    took = record.end.ram.rss_bytes - after_cleanup_rss
-    net = record.delta.rss_bytes
-    return f"{report.summary()}; {_cell_then(took)} of RAM, {signed_bytes(net)} for the whole cell"
+WIDTH = 80  # columns: a notebook's output is wider than this, with its prompt and sidebars
 
 
-def _cell_then(took: int) -> str:
-    """What the cell's own code did to RSS after the cleanup: took +X, or gave X back."""
-    if took < 0:
-        return f"the cell then gave back {fmt_bytes(-took)}"
-    return f"the cell then took {signed_bytes(took)}"
+def _fill(part: str) -> str:
+    """Wrap one part of a report at spaces within ``WIDTH`` columns, later lines indented."""
+    return textwrap.fill(part, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def report_text(
+    report: CleanupReport, start_rss: int, after_rss: int, record: Any, end_rss: int
+) -> str:
+    """Return a ``%%fresh_model`` cell's short line once the cell is recorded: the cell's RSS
+    change (its record's, which its badge and the sidebar's chart show) as the cleanup's part
+    plus the cell's own, the allocator's tensors alike, what was dropped and what was not
+    freed. ``start_rss`` (before the cleanup), ``after_rss`` (after it) and ``end_rss`` are
+    the magic's readings; the record's own start and end replace the first and the last."""
+    if record is not None:
+        start_rss, end_rss = record.start.ram.rss_bytes, record.end.ram.rss_bytes
+    parts = [_split("RSS", end_rss - start_rss, after_rss - start_rss)]
+    name = report.allocator_backend
+    freed = report.allocator_freed_bytes
+    net = None if record is None or name is None else record.delta.device_bytes.get(name)
+    if net is not None and freed is not None and (net or freed):
+        label = "TF" if name == "tensorflow" else backends.LABELS.get(name or "", name)
+        parts.append(_split(f"{label} tensors", net, -freed))
+    if report.dropped:
+        names = dict.fromkeys(label.split(" (")[0] for label in report.dropped)
+        parts.append(f"dropped {_names(tuple(names), 2)}")
+    if report.not_freed:
+        parts.append(f"NOT freed: {_names(report.not_freed)}")
+    return "; ".join(parts)
+
+
+def _split(what: str, net: int, cleanup: int) -> str:
+    """``RSS +1.0 MB (cleanup -2.0 MB, the cell +3.0 MB)``: the parts add up to the net."""
+    return f"{what} {_delta(net)} (cleanup {_delta(cleanup)}, the cell {_delta(net - cleanup)})"
+
+
+def _delta(n: int) -> str:
+    """A change as the badge writes it: signed, and no sign on nothing (``0 B``)."""
+    return signed_bytes(n) if n else "0 B"
 
 
 # The steps, in order: the order matters where the comments say.

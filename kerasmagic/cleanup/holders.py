@@ -23,12 +23,13 @@ from kerasmagic.probes import Variable, largest_variables
 from kerasmagic.walk.deep import (
     guarded,
     held_by,
+    live_model_objects,
     model_size_bytes,
     own_objects,
     owned,
     paths_to,
 )
-from kerasmagic.walk.near import walk
+from kerasmagic.walk.near import count_models, walk
 from kerasmagic.walk.state import (
     callback_types,
     is_a,
@@ -56,6 +57,7 @@ class LiveModel:
     estimate_bytes: int | None = None
     freeable: bool = False
     remedies: tuple[str, ...] = ()
+    kind: str = "model"  # or the loose state's: "layer", "tensor", "optimizer", ...
 
 
 def namespace_paths(namespace: Mapping[str, Any]) -> dict[int, list[str]]:
@@ -209,19 +211,15 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
     # is garbage collected, so that a model listed is one something holds.
     Freezer.thaw()
     gc.collect()
-    models: list[Any] = [obj for obj in gc.get_objects() if is_a(obj, types)]
-    sequential = works("keras.sequential_inner")  # moved: said once, by compat; listed twice
-    inner = {id(getattr(m, "_functional", None)) for m in models} if sequential else set()
+    models = live_model_objects(types)
     owners: dict[int, str] = {}
     for m in models:
         for layer in _layers(m):
             if is_a(layer, types):
                 owners[id(layer)] = f"layer of model '{m.name}'"
-    paths = holder_paths(namespace, [m for m in models if id(m) not in inner])
+    paths = holder_paths(namespace, models)
     out = []
     for m in models:
-        if id(m) in inner:
-            continue
         held = paths.get(id(m)) or (
             [owners[id(m)]] if id(m) in owners else referrer_kinds(m, (models,))
         )
@@ -277,6 +275,7 @@ def _loose_state(
                 tuple(holders),
                 freeable=bool(remedies) and all(free for _, free in remedies),
                 remedies=tuple(r for r, _ in remedies),
+                kind=kind,
             )
         )
     out.sort(key=lambda m: -m.size_bytes)
@@ -289,12 +288,14 @@ class DeepScan:
 
     models: tuple[LiveModel, ...]
     variables: tuple[Variable, ...]
+    named_models: int | None = None  # the live models named in the notebook (count_models)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return ``{"models": [...], "variables": [...]}``, JSON-able (tuples become lists)."""
+        """Return ``{"models": [...], "variables": [...], "named_models": n}``, JSON-able."""
         return {
             "models": [_plain(m) for m in self.models],
             "variables": [_plain(v) for v in self.variables],
+            "named_models": self.named_models,
         }
 
 
@@ -304,4 +305,5 @@ def _plain(item: LiveModel | Variable) -> dict[str, Any]:
 
 def deep_scan(namespace: Mapping[str, Any]) -> DeepScan:
     """Return every live model and the largest user variables (read-only: nothing is freed)."""
-    return DeepScan(tuple(live_models(namespace)), tuple(largest_variables(namespace)))
+    models = tuple(live_models(namespace))
+    return DeepScan(models, tuple(largest_variables(namespace)), count_models(namespace))

@@ -2,16 +2,17 @@
 
 Pure logic: no IPython, no TensorFlow. A cell counts as leaking when each of its last
 ``min_runs`` runs (same source hash) grew the same figure, by enough in total, and no single run
-carries most of that growth (one big allocation is not a leak). TensorFlow's allocator is exact,
-so there any growth in each of those runs counts. The advice depends on how the cell ran: a plain
-cell is told to use ``%%fresh_model``; a cell that already runs under it is told what
-``%%fresh_model`` cannot free and what to change instead.
+carries most of that growth (one big allocation is not a leak). TensorFlow's allocator has no
+noise (what it counts, it counts to the byte), so there any growth in each of those runs counts.
+The advice depends on how the cell ran: a plain cell is told to use ``%%fresh_model``; a cell
+that already runs under it is told what ``%%fresh_model`` cannot free and what to change instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -105,6 +106,9 @@ UNDER_ISOLATE = (
 )
 
 SLOWDOWN = " Each op added makes later session calls slower"
+# Columns: the message is wrapped between words (as cleanup.WIDTH wraps its report), since a
+# notebook's output breaks a long line anywhere, inside words too.
+WIDTH = 80
 
 
 def remedy(what: str, mode: str) -> str:
@@ -134,7 +138,8 @@ def slowdown(durations_s: list[float]) -> str:
 # -- the leak detector ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LeakVerdict:
-    """``growing``: a figure grew run after run; ``what`` names it; ``message`` says it in words."""
+    """``growing``: a figure grew run after run; ``what`` names it; ``message`` says it in words,
+    wrapped between words within ``WIDTH`` columns."""
 
     growing: bool
     what: str
@@ -261,7 +266,10 @@ class LeakDetector(Configurable):
         message += "."
         if cause == "graph_ops":
             message += SLOWDOWN + slowdown([r.duration_s for r in runs]) + "."
-        return LeakVerdict(True, what, f"{message} {remedy(cause, last.mode)}")
+        said = f"{message} {remedy(cause, last.mode)}"
+        return LeakVerdict(
+            True, what, textwrap.fill(said, WIDTH, break_long_words=False, break_on_hyphens=False)
+        )
 
 
 CAUSES = ("graph_ops", "functions", "custom_gradients", "live_models", "name_counter")

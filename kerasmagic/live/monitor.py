@@ -46,6 +46,7 @@ Subscriber = Callable[[str, Any], None]
 OnSample = Callable[[RamInfo, GpuInfo], None]
 RUNS_KEPT = 32  # per cell source, for the leak detector (more than any sane min_runs)
 MAX_SOURCES = 512
+Records = tuple[list[CellRecord], dict[str, deque[CellRecord]]]  # the history, runs by source
 
 
 def _never_raise(hook: Callable[[Any], None], arg: Any) -> bool:
@@ -100,6 +101,19 @@ class LiveMonitor(Configurable):
         """Return the recorded cells, oldest first."""
         with self._lock:
             return list(self._history)
+
+    def records(self) -> Records:
+        """Return what this monitor recorded: the history and each cell source's runs."""
+        with self._lock:
+            return list(self._history), dict(self._runs_of)
+
+    def resume(self, records: Records) -> None:
+        """Go on from an earlier monitor's ``records`` of this shell (a reload in one kernel)."""
+        history, runs_of = records
+        with self._lock:
+            self._history.extend(history)
+            self._runs_of.update(runs_of)
+        self._verdict = self.detector.judge(history, self._runs_of)
 
     def latest(self) -> MemorySnapshot | None:
         """Return the newest sample or cell-end snapshot."""

@@ -105,11 +105,13 @@ def read_ram() -> RamInfo:
 # -- Keras's state ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class KerasInfo:
-    """Whether Keras is imported, its auto-name counter, and models found in the namespace."""
+    """Whether Keras is imported, its auto-name counter, and the live models named in the
+    notebook (``walk.near.count_models``: the subset of every live model that is cheap to count
+    after each cell; the deep scan counts them all)."""
 
     imported: bool
     name_counter: int | None
-    live_models: int | None
+    live_models: int | None  # named in the notebook: every view labels it so
 
 
 def name_counter() -> int | None:

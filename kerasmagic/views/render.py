@@ -67,6 +67,7 @@ def _tf_row(snap: MemorySnapshot) -> Row:
         "; ".join(
             f"{d.name} ({(d.kind or 'gpu').upper()}) tensors in use "
             f"{fmt_bytes(d.in_use_bytes or 0)}, peak {fmt_bytes(d.peak_bytes or 0)}"
+            + (f" ({d.uncounted})" if d.uncounted else "")
             for d in tf.devices
         ),
     )
@@ -181,7 +182,7 @@ def snapshot_rows(snap: MemorySnapshot) -> list[Row]:
     ram = snap.ram
     peak = max(ram.peak_rss_bytes or 0, ram.rss_bytes)
     keras = [
-        _opt(snap.keras.live_models, "live models in the namespace"),
+        _opt(snap.keras.live_models, "live models named in the notebook"),
         _opt(snap.keras.name_counter, "auto-named layers (name counter)"),
     ]
     return [
@@ -323,6 +324,38 @@ class Table:
         )
 
 
+# Text that wraps between words in every frontend: JupyterLab and classic Notebook (Colab's)
+# draw printed output in a <pre> that breaks lines anywhere (``word-break: break-all``).
+WRAPPED = (
+    "white-space:pre-wrap;word-break:normal;overflow-wrap:break-word;"
+    "font-family:var(--jp-code-font-family,monospace);font-size:var(--jp-code-font-size,13px)"
+)
+
+
+class ReportLine:
+    """A short line and its detail: in a notebook, HTML that wraps between words with the
+    detail one click away (under the line's ▸, open with ``verbose``); as text, the line, and
+    the detail under it with ``verbose``."""
+
+    def __init__(self, line: str, detail: str = "", verbose: bool = False) -> None:
+        self.line, self.detail, self.verbose = line, detail, verbose
+
+    def __repr__(self) -> str:
+        shown = self.detail if self.verbose else ""
+        return "\n".join([self.line, *(f"  {row}" for row in shown.splitlines())])
+
+    def _repr_html_(self) -> str:
+        line = html.escape(self.line)
+        if not self.detail:
+            return f"<div class='kerasmagic-line' style='{WRAPPED}'>{line}</div>"
+        tag = "<details open" if self.verbose else "<details"
+        return (
+            f"{tag} class='kerasmagic-line' style='{WRAPPED}'><summary style='cursor:pointer'"
+            f" title='what the cleanup did: click'>{line}</summary>{html.escape(self.detail)}"
+            "</details>"
+        )
+
+
 # -- the per-cell history: %gpu_mem --live/--history/--plot ----------------------------------
 def cell_line(record: CellRecord, verdict: LeakVerdict | None = None) -> str:
     """Return one line: cell, duration, RSS (delta, peak), VRAM, graph, models, warning."""
@@ -341,10 +374,10 @@ def cell_line(record: CellRecord, verdict: LeakVerdict | None = None) -> str:
     if gradients is not None:
         parts.append(f"custom gradients {gradients}")
     if end.keras.live_models is not None:
-        parts.append(f"models {end.keras.live_models}, names {end.keras.name_counter}")
+        parts.append(f"models named {end.keras.live_models}, names {end.keras.name_counter}")
     line = "kerasmagic " + " | ".join(parts)
     if verdict is not None and verdict.growing:
-        line += f"\nkerasmagic WARNING: {verdict.message}"
+        line += f"\nkerasmagic WARNING:\n{verdict.message}"  # wrapped within 80 columns
     return line
 
 

@@ -24,6 +24,7 @@ from kerasmagic.units import fmt_bytes, signed_bytes
 
 log = logging.getLogger(__name__)
 SPARK_CELLS = 50
+SPARK_MIN_SPAN = 4 * 2**20  # the sparkline's height stands for at least 4 MB: no noise drawn tall
 PARTS = ("bars", "figures", "spark", "alert")  # each a div of class kerasmagic-<part>
 # JupyterLab's theme variables (light, dark, high contrast); the fallbacks serve other frontends.
 OK_COLOUR = "var(--jp-success-color1, #2e7d32)"  # a mark only: as text it reads 4.1:1 on white
@@ -51,15 +52,22 @@ def bar_html(label: str, used: int, total: int, note: str = "") -> str:
 
 
 def sparkline_svg(values: Sequence[int], title: str) -> str:
-    """Return an inline SVG sparkline of byte values with its min and max as text."""
+    """Return an inline SVG sparkline of byte values with its min and max as text: a change
+    under ``SPARK_MIN_SPAN`` is drawn in proportion (two ends that read alike lie flat), and
+    one value is a flat line."""
     if not values:
         return ""
     low, high = min(values), max(values)
-    step, scale = WIDTH / max(1, len(values) - 1), (HEIGHT - 4) / ((high - low) or 1)
-    points = " ".join(
-        f"{i * step:.1f},{HEIGHT - 2 - (v - low) * scale:.1f}" for i, v in enumerate(values)
-    )
-    caption = f"{html.escape(title)} (last {len(values)}): {fmt_bytes(low)} .. {fmt_bytes(high)}"
+    span = max(high - low, SPARK_MIN_SPAN)
+    base, scale = (low + high - span) / 2, (HEIGHT - 4) / span
+    heights = [HEIGHT - 2 - (v - base) * scale for v in values]
+    heights *= 2 if len(heights) == 1 else 1
+    step = WIDTH / (len(heights) - 1)
+    points = " ".join(f"{i * step:.1f},{y:.1f}" for i, y in enumerate(heights))
+    cells = f"last {len(values)} cells" if len(values) > 1 else "1 cell so far"
+    lo, hi = fmt_bytes(low), fmt_bytes(high)
+    figures = lo if lo == hi else f"{lo} .. {hi}"
+    caption = f"{html.escape(title)} ({cells}): {figures}"
     return (
         f"<div style='font-family:monospace'>{caption}<br>"
         f"<svg width='{WIDTH}' height='{HEIGHT}' viewBox='0 0 {WIDTH} {HEIGHT}' "
@@ -225,9 +233,11 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
 
     def _bars_html(self, snap: MemorySnapshot) -> str:
         ram = snap.ram
+        since = fmt_bytes(self.running_peak_rss_bytes)
         peaks = (
-            f"peak: last cell {fmt_bytes(self.cell_peak_rss_bytes)}, "
-            f"since then {fmt_bytes(self.running_peak_rss_bytes)}"
+            f"peak so far {since} (measuring the first cell…)"
+            if self.last_cell is None
+            else f"peak: last cell {fmt_bytes(self.cell_peak_rss_bytes)}, since then {since}"
         )
         rss = _tagged("rss", ram.rss_bytes, bar_html("RSS", ram.rss_bytes, ram.total_bytes, peaks))
         lead = snap.headline
@@ -246,7 +256,12 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
             vram = f"<div>VRAM: {html.escape(snap.gpu.message or snap.gpu.status)}</div>"
             if in_use is None:
                 return rss + vram
-            tensors = f"<div>{html.escape(label)} tensors in use: {fmt_bytes(in_use)}</div>"
+            missed = (
+                [d.uncounted for d in snap.backend.devices if d.uncounted] if snap.backend else []
+            )
+            note = f" ({missed[0]})" if missed else ""  # the figure misses small tensors: say so
+            tensors = f"<div>{html.escape(label)} tensors in use: {fmt_bytes(in_use)}"
+            tensors += f"{html.escape(note)}</div>"
             return rss + vram + _tagged("allocator", in_use, tensors)
         note = (
             f"{label} in use {fmt_bytes(in_use)} of {fmt_bytes(self.allocator_reserved_bytes)}"
@@ -267,10 +282,12 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
             graph = f"graph: {graph}" if graph else "graph: TensorFlow not imported"
         else:
             graph = html.escape(self.backend_figures)
-        models = _known((self.live_models, "{} live"), (self.name_counter, "name counter {}"))
+        models = _known(
+            (self.live_models, "{} named in the notebook"), (self.name_counter, "name counter {}")
+        )
         models = f"models: {models}" if models else "Keras not imported"
         delta = (
-            "no cell yet"
+            "measuring the first cell…"
             if self.last_cell is None
             else f"cell [{self.last_cell}] RSS {signed_bytes(self.last_delta_bytes)}"
         )

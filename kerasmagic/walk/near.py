@@ -129,7 +129,8 @@ def instances_near(namespace: Mapping[str, Any], cls: type) -> list[tuple[str, A
 
 
 def count_models(namespace: Mapping[str, Any]) -> int:
-    """Count distinct models reachable as ``walk`` reaches them, without building paths.
+    """Count the live models named in the notebook: those of ``deep.live_model_objects`` that
+    ``walk`` reaches from the names, ``Out`` and callbacks' links (without building paths).
 
     This runs after every cell (the live monitor), so it is a flat loop over one level at a
     time, not ``walk``, and looks at the first ``COUNT_ITEMS`` items of each container.

@@ -114,7 +114,7 @@ class Badge extends Widget {
       (typeof memory.tf_delta_bytes === 'number' && typeof memory.tf_bytes === 'number'
         ? `; TensorFlow tensors ${formatDelta(memory.tf_delta_bytes)} to ${formatBytes(memory.tf_bytes)}`
         : '') +
-      (memory.models_delta !== null ? `; live Keras models ${memory.models_delta >= 0 ? '+' : ''}${memory.models_delta}` : '') +
+      (memory.models_delta !== null ? `; Keras models named in the notebook ${memory.models_delta >= 0 ? '+' : ''}${memory.models_delta}` : '') +
       (oom ? `\n✖ ${oomSummary(oom)} (${backendLabel(oom.backend)})` +
         (oomFigures(oom) ? `; allocator ${oomFigures(oom)}` : '') + `. Remedy: ${oom.remedy}` : '') +
       (memory.warning ? `\n⚠ ${memory.warning}` : '');

@@ -110,15 +110,35 @@ function mbLabel(n: number): string {
   return n >= 10 * 1024 * MB ? formatBytes(n) : `${Math.round(n / MB)} MB`;
 }
 
-const LABEL_GAP = 42; // a "+48 MB" label's width at the chart's font size
 const CHAR_W = 6.7; // a digit's width at the chart's 11-unit font, for keeping labels in the plot
+const TEXT_H = 9; // a label's height above its baseline at that font
+const TEXT_GAP = 4; // the least room between two x-axis labels
+
+/** The x-axis labels: the first and the last cell under their bars; where the two would touch
+ * (two or three cells on a wide column grid), one label for the range, centred under it. */
+function xLabels(first: number, last: number, n: number, step: number, right: number): SVGElement[] {
+  const text = (x: number, anchor: string, value: string): SVGElement =>
+    svg('text', { x, y: H - 4, 'text-anchor': anchor, class: 'jp-kerasmagic-axis jp-kerasmagic-x' }, value);
+  const start = LEFT + step * 0.15; // the first bar's left edge: its label starts there
+  const end = LEFT + (n - 0.15) * step; // the last bar's right edge: its label ends there
+  if (last === first) {
+    return [text(start, 'start', `[${first}]`)];
+  }
+  const [a, b] = [`[${first}]`, `[${last}]`];
+  if (start + a.length * CHAR_W + TEXT_GAP <= end - b.length * CHAR_W) {
+    return [text(start, 'start', a), text(end, 'end', b)];
+  }
+  const both = `[${first}]–[${last}]`;
+  const half = (both.length * CHAR_W) / 2;
+  return [text(Math.min(right - half, Math.max(LEFT + half, (start + end) / 2)), 'middle', both)];
+}
 
 /**
- * Label the changes worth a label, skipping any that would overlap a label already placed:
- * first the jumps the axis cuts (their size is only in the label), then, biggest first, the
- * changes in scale of at least 1 MB and a quarter of the largest of them.
+ * The changes worth a label, in the order they get one: first the jumps the axis cuts (their
+ * size is only in the label), then, biggest first, the changes in scale of at least 1 MB and a
+ * quarter of the largest of them. Where each goes is `placeLabels`' choice.
  */
-function labelled(shown: IBar[], step: number, from: number, cut: (b: IBar) => boolean): Set<number> {
+function labelled(shown: IBar[], from: number, cut: (b: IBar) => boolean): number[] {
   const big = (b: IBar): number => Math.abs(b.end - b.start);
   const largest = Math.max(0, ...shown.slice(from).map(big));
   const bySize = (a: number, b: number): number => big(shown[b]) - big(shown[a]);
@@ -126,13 +146,45 @@ function labelled(shown: IBar[], step: number, from: number, cut: (b: IBar) => b
   const jumps = indices.filter(i => cut(shown[i]) && big(shown[i]) >= JUMP_FLOOR).sort(bySize);
   const changes = indices.filter(i => i >= from && !cut(shown[i]) && big(shown[i]) >= Math.max(MB, largest / 4))
     .sort(bySize);
-  const out = new Set<number>();
-  for (const i of [...jumps, ...changes]) {
-    if ([...out].every(j => Math.abs(i - j) * step >= LABEL_GAP)) {
-      out.add(i);
+  return [...jumps, ...changes];
+}
+
+/** A label's box in the chart's units: its centre, half its width, its baseline. */
+interface ILabelBox {
+  index: number;
+  text: string;
+  cx: number;
+  half: number;
+  baseline: number;
+}
+
+/**
+ * Place each change label above its own bar, inside the bars' part of the plot (`right`: not
+ * over the running cell's line), and above every bar and peak tick it spans: a label wider
+ * than its column lies over its neighbours' columns, so it goes above the highest of them. A
+ * label with no room there, or that would touch one placed before it, is left out (the bar's
+ * tooltip still says it).
+ */
+function placeLabels(shown: IBar[], order: number[], tops: number[], step: number, right: number): ILabelBox[] {
+  const width = step * 0.7;
+  const placed: ILabelBox[] = [];
+  for (const i of order) {
+    const b = shown[i];
+    const text = formatDelta(b.end - b.start).replace('.0 ', ' ');
+    const half = (text.length * CHAR_W) / 2;
+    const cx = Math.min(right - half, Math.max(LEFT + 2 + half, LEFT + i * step + step / 2));
+    const spanned = tops.filter((_, j) => {
+      const left = LEFT + j * step + step * 0.15;
+      return left < cx + half && left + width > cx - half;
+    });
+    const baseline = Math.min(...spanned) - 4; // the text's descent stays off the bars
+    const touches = placed.some(p => Math.abs(p.cx - cx) < p.half + half + 2 &&
+      Math.abs(p.baseline - baseline) < TEXT_H + 2);
+    if (baseline - TEXT_H >= 0 && !touches) {
+      placed.push({ index: i, text, cx, half, baseline });
     }
   }
-  return out;
+  return placed;
 }
 
 /** The chart with its title and legend; `data-lo`/`data-hi` carry the axis range in bytes. */
@@ -177,8 +229,10 @@ export function historyChart(
     chart.append(svg('text', { x: LEFT - 4, y: y(v) + 3, 'text-anchor': 'end', class: `jp-kerasmagic-axis jp-mod-${cls}` }, mbLabel(v)));
   }
   const isCut = (b: IBar): boolean => Math.max(b.start, b.end) > hi || Math.min(b.start, b.end) < lo;
-  const marks = labelled(shown, step, from, isCut);
-  const labels: SVGElement[] = []; // drawn after every bar: no later bar covers one
+  const right = livePts.length ? LEFT + columns * step : W - RIGHT; // the bars' part of the plot
+  // Where each bar's drawing starts from the top: its bar or its peak tick, whichever is higher.
+  const tops = shown.map(b => clip(b.peak <= hi ? Math.max(b.start, b.end, b.peak) : Math.max(b.start, b.end)));
+  const marks = placeLabels(shown, labelled(shown, from, isCut), tops, step, right);
   let clipped = 0;
   shown.forEach((b, i) => {
     const x = LEFT + i * step + step * 0.15;
@@ -205,25 +259,15 @@ export function historyChart(
     if (b.peak > Math.max(b.start, b.end) + 0.005 * (hi - lo) && b.peak <= hi) {
       chart.append(svg('line', { x1: x, x2: x + width, y1: y(b.peak), y2: y(b.peak), class: 'jp-kerasmagic-peak-line' }));
     }
-    if (marks.has(i)) {
-      const text = formatDelta(b.end - b.start).replace('.0 ', ' ');
-      // Inside the plot: never over the axis labels on the left, nor past the right edge.
-      const half = (text.length * CHAR_W) / 2;
-      const cx = Math.min(W - RIGHT - half, Math.max(LEFT + 2 + half, x + width / 2));
-      const label = svg('text', { x: cx, y: Math.max(11, top - 3), 'text-anchor': 'middle', class: 'jp-kerasmagic-delta' }, text);
-      label.dataset.count = String(b.count);
-      labels.push(label);
-    }
   });
-  chart.append(...labels);
+  for (const m of marks) { // drawn after every bar: no later bar covers one
+    const label = svg('text', { x: m.cx, y: m.baseline, 'text-anchor': 'middle', class: 'jp-kerasmagic-delta' }, m.text);
+    label.dataset.count = String(shown[m.index].count);
+    chart.append(label);
+  }
   chart.dataset.clipped = String(clipped);
   if (shown.length) {
-    const first = shown[0].count;
-    const last = shown[shown.length - 1].count;
-    chart.append(svg('text', { x: LEFT + step / 2, y: H - 4, 'text-anchor': 'start', class: 'jp-kerasmagic-axis' }, `[${first}]`));
-    if (last !== first) {
-      chart.append(svg('text', { x: LEFT + (shown.length - 0.5) * step, y: H - 4, 'text-anchor': 'middle', class: 'jp-kerasmagic-axis' }, `[${last}]`));
-    }
+    chart.append(...xLabels(shown[0].count, shown[shown.length - 1].count, shown.length, step, right));
   }
   if (livePts.length) {
     const x0 = LEFT + columns * step;
@@ -241,8 +285,11 @@ export function historyChart(
     ? `${what} over cells ${shown[0].count} to ${shown[shown.length - 1].count}: from ${formatBytes(shown[0].start)} ` +
       `to ${formatBytes(shown[shown.length - 1].end)}; ${range}` + (livePts.length ? '; a cell is running' : '')
     : `${what} of the running cell; ${range}`);
+  // No count of cells before there are two: the first cell is running, or one is recorded.
+  const title = shown.length === 0 ? `${what} of the running cell`
+    : shown.length === 1 ? `${what} over the last cell` : `${what} over the last ${shown.length} cells`;
   box.append(
-    h('div', 'jp-kerasmagic-section-title', `${what} over the last ${shown.length} cells`),
+    h('div', 'jp-kerasmagic-section-title', title),
     chart,
     legend(livePts.length > 0, clipped > 0)
   );

@@ -416,7 +416,7 @@ export class MemoryModel implements IDisposable {
         break;
       case 'sample':
         this._setSnapshot(message.snapshot);
-        if (this.kernelStatus === 'busy') {
+        if (this._cellRunning) { // not the kernel's status: a comm's subshell turns it idle
           this._addLivePoint(message.snapshot);
         }
         if (message.verdict !== undefined) {
@@ -483,9 +483,6 @@ export class MemoryModel implements IDisposable {
   }
 
   private _onStatus(_: ISessionContext, status: Kernel.Status): void {
-    if (status === 'idle') {
-      this._running = []; // the cell ended (its record came first), or the kernel was only briefly busy
-    }
     if (GONE.includes(status)) {
       this._cellRunning = false;
       if (this._free.phase === 'queued' || this._free.phase === 'running') {
@@ -529,6 +526,7 @@ export class MemoryModel implements IDisposable {
     if (state === 'busy' || state === 'idle') {
       this._cellRunning = state === 'busy';
       if (!this._cellRunning) {
+        this._running = []; // the cell ended (its record came first), or an unrecorded one
         this._startQueued();
         this._changed.emit();
       }

@@ -108,6 +108,7 @@ export interface IScanReply {
   request: 'scan';
   models: ILiveModel[];
   variables: IVariable[];
+  named_models?: number | null;
 }
 
 export interface IErrorMessage {

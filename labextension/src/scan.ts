@@ -12,6 +12,8 @@ export interface IScanState {
   phase: 'idle' | 'queued' | 'running' | 'done' | 'failed';
   models: ReadonlyArray<ILiveModel>;
   variables: ReadonlyArray<IVariable>;
+  /** How many of the live models are named in the notebook (null: an older kernel). */
+  namedModels: number | null;
   /** Why the scan failed, or ''. */
   error: string;
   /** When the answer arrived (ms since the epoch), or null. */
@@ -24,6 +26,7 @@ const NO_SCAN: IScanState = {
   phase: 'idle',
   models: [],
   variables: [],
+  namedModels: null,
   error: '',
   atMs: null,
   stale: false
@@ -64,6 +67,7 @@ export class Scanner {
           phase: 'done',
           models: reply.models,
           variables: reply.variables,
+          namedModels: reply.named_models ?? null,
           error: '',
           atMs: Date.now(),
           stale: false

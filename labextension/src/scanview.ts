@@ -108,9 +108,15 @@ function statusText(s: IScanState): string {
     case 'failed':
       return `Scan failed: ${s.error}.` + (at ? ` The rows below are from ${at}.` : '');
     case 'done': {
+      // Live models as the kernel defines them (walk/deep.py); the model state no model owns,
+      // listed with them, is not counted as one (an older kernel sends no `kind`).
+      const count = s.models.filter(m => (m.kind ?? 'model') === 'model').length;
+      const loose = s.models.length - count;
       const freeable = s.models.filter(m => m.freeable).length;
-      const models = s.models.length === 1 ? '1 live model' : `${s.models.length} live models`;
-      return `${models} (Free memory would free ${freeable}), ${s.variables.length} large ` +
+      const named = s.namedModels === null ? '' : ` (${s.namedModels} named in the notebook)`;
+      const models = `${count} live model${count === 1 ? '' : 's'}${named}` +
+        (loose ? `, ${loose} piece${loose === 1 ? '' : 's'} of model state no model owns` : '');
+      return `${models}; Free memory would free ${freeable} of them; ${s.variables.length} large ` +
         `variable${s.variables.length === 1 ? '' : 's'}; scanned at ${at}.` +
         (s.stale ? ' Memory changed since: scan again for current figures.' : '');
     }

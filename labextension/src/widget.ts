@@ -95,10 +95,12 @@ function tfLines(s: ISnapshot): HTMLElement {
   } else if (tf.devices.length === 0) {
     text = 'no allocator statistics on these devices';
   } else {
+    // A figure known to miss tensors says so beside it (an older kernel sends no `uncounted`).
     text = tf.devices
       .map(
         d =>
-          `${d.name}: ${formatBytes(d.in_use_bytes ?? 0)} in use, peak ${formatBytes(d.peak_bytes ?? 0)}`
+          `${d.name}: ${formatBytes(d.in_use_bytes ?? 0)} in use, peak ${formatBytes(d.peak_bytes ?? 0)}` +
+          (d.uncounted ? ` (${d.uncounted})` : '')
       )
       .join('; ');
   }
@@ -113,7 +115,7 @@ function tfLines(s: ISnapshot): HTMLElement {
 }
 
 /** A count tile, or nothing when the kernel does not know the figure (no "–" placeholders). */
-function fact(key: string, label: string, term: string, value: number | null): HTMLElement | null {
+function fact(key: string, one: string, many: string, term: string, value: number | null): HTMLElement | null {
   if (value === null) {
     return null;
   }
@@ -121,22 +123,25 @@ function fact(key: string, label: string, term: string, value: number | null): H
     'div',
     { class: 'jp-kerasmagic-fact', 'data-km': key, 'data-value': String(value) },
     h('span', { class: 'jp-kerasmagic-fact-value' }, String(value)),
-    h('span', { class: 'jp-kerasmagic-fact-label jp-kerasmagic-term', title: term }, label)
+    h('span', { class: 'jp-kerasmagic-fact-label jp-kerasmagic-term', title: term }, value === 1 ? one : many)
   );
 }
 
-/** Each tile: plain words first, the technical term and what it means in the tooltip. */
-export const TILES: Record<'models' | 'graphOps' | 'gradients' | 'functions', [string, string]> = {
-  models: ['Keras models in memory',
-    'Live Keras models: every Keras model still reachable in the kernel (your names, Out[], ' +
-    'callbacks, a stored error). Scan, below, says what holds each.'],
-  graphOps: ['TensorFlow graph operations',
+/** Each tile: plain words first (for 1, for any other count), the technical term and what it
+ * means in the tooltip. The models tile counts the live models named in the notebook: the
+ * subset of every live model (Scan's count) that is cheap to count after each cell. */
+export const TILES: Record<'models' | 'graphOps' | 'gradients' | 'functions', [string, string, string]> = {
+  models: ['Keras model named in the notebook', 'Keras models named in the notebook',
+    'Live Keras models named in the notebook: those your names, Out[] and callbacks hold, ' +
+    'counted after every cell. Scan, below, lists every live model, those held elsewhere too ' +
+    '(a closure, a module, a stored error), and what holds each.'],
+  graphOps: ['TensorFlow graph operation', 'TensorFlow graph operations',
     'Default-graph ops: operations in TensorFlow’s default graph. It grows when graph-mode ' +
     '(tf.compat.v1) code builds ops again at every run, and each call gets slower.'],
-  gradients: ['training graphs kept',
+  gradients: ['training graph kept', 'training graphs kept',
     'Custom gradients: entries in TensorFlow’s gradient registry. Each model’s first fit() adds ' +
     'one that keeps its traced training graph alive; Free memory purges those of dropped models.'],
-  functions: ['compiled TF functions',
+  functions: ['compiled TF function', 'compiled TF functions',
     'Traced tf.functions: Python functions TensorFlow has traced into graphs, each trace kept. ' +
     'Counted on opening and after Free memory, not after every cell.']
 };

@@ -37,6 +37,7 @@ export interface IBackendDevice {
   limit_bytes: number | null;
   reserved_bytes: number | null;
   kind: string | null;
+  uncounted: string | null;
 }
 
 /** `kerasmagic.backends.BackendInfo` on the wire. */
@@ -158,6 +159,7 @@ export interface ILiveModel {
   estimate_bytes: number | null;
   freeable: boolean;
   remedies: string[];
+  kind: string;
 }
 
 /** `kerasmagic.probes.Variable` on the wire. */

@@ -191,11 +191,15 @@ PANEL_CELLS = [
     "%%fresh_model\nmodel = small()\nmodel.compile('adam', 'mse')\n"
     "history = model.fit(np.ones((64, 8)), np.ones((64, 2)), verbose=0)",
 ]
-TERMS = {
-    "live-models": ("Keras models in memory", "Live Keras models"),
-    "graph-ops": ("TensorFlow graph operations", "Default-graph ops"),
-    "custom-gradients": ("training graphs kept", "Custom gradients"),
-    "functions": ("compiled TF functions", "Traced tf.functions"),
+TERMS = {  # (words for 1, for any other count, the term its tooltip starts with)
+    "live-models": (
+        "Keras model named in the notebook",
+        "Keras models named in the notebook",
+        "Live Keras models named in the notebook",
+    ),
+    "graph-ops": ("TensorFlow graph operation", "TensorFlow graph operations", "Default-graph ops"),
+    "custom-gradients": ("training graph kept", "training graphs kept", "Custom gradients"),
+    "functions": ("compiled TF function", "compiled TF functions", "Traced tf.functions"),
 }
 
 
@@ -267,9 +271,10 @@ def test_the_panel_reads_at_the_sidebars_width_and_its_figures_agree(
     assert 50 <= returned <= 70, nothing
 
     # Plain words on the tiles, the technical term in the tooltip; lines that do not wrap.
-    for key, (words, term) in TERMS.items():
+    for key, (one, many, term) in TERMS.items():
         tile = panel.locator(f'[data-km="{key}"] .jp-kerasmagic-fact-label')
-        assert tile.inner_text() == words
+        value = panel.locator(f'[data-km="{key}"]').get_attribute("data-value")
+        assert tile.inner_text() == (one if value == "1" else many)
         assert (tile.get_attribute("title") or "").startswith(term)
     gauge = panel.locator('[data-km="rss"]')
     assert gauge.locator(".jp-kerasmagic-gauge-title").inner_text() == "RAM"
@@ -286,9 +291,11 @@ def test_the_panel_reads_at_the_sidebars_width_and_its_figures_agree(
     # %%fresh_model's report line wraps between words, not inside them.
     run_cell(page, 4, timeout_s=120)
     fresh = run_cell(page, 5, timeout_s=120)
-    line = fresh.locator(".jp-OutputArea-output pre", has_text="kerasmagic: freed").first
+    line = fresh.locator(".kerasmagic-line summary", has_text="kerasmagic: RSS ").first
+    page.set_viewport_size({"width": 640, "height": 900})  # the line is short: it wraps here
     assert line.evaluate(LINES_JS) >= 2, "the report line must be long enough to wrap here"
     assert line.evaluate(SPLIT_WORDS_JS) == [], line.inner_text()
+    page.set_viewport_size({"width": 1400, "height": 900})
     other = page.locator(".jp-Notebook .jp-Cell").nth(4).locator(".jp-OutputArea-output pre")
     assert other.count() >= 1  # `model`'s repr: other cells' outputs keep JupyterLab's wrapping
     assert other.first.evaluate("el => getComputedStyle(el).wordBreak") == "break-all"

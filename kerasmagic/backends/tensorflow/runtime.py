@@ -23,9 +23,11 @@ from kerasmagic.compat.registry import loaded, works
 class TfDeviceMemory:
     """Bytes TensorFlow's allocator has in use on one device now and at its peak.
 
-    ``kind`` is "cpu" or "gpu": with oneDNN (TensorFlow's default on x86-64 Linux) or
-    ``TF_CPU_ALLOCATOR_USE_BFC=true``, CPU tensors live on a BFC allocator that keeps the same
-    exact statistics as a GPU's.
+    ``kind`` is "cpu" or "gpu". CPU:0 keeps statistics where oneDNN is on (TensorFlow turns
+    it on only for CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX), but oneDNN's
+    allocator leaves tensors under 256 KB uncounted; ``TF_CPU_ALLOCATOR_USE_BFC=true``, set
+    before TensorFlow starts, puts CPU tensors on a BFC allocator that counts every one, as
+    a GPU's does (notes/tf-memory.md).
     """
 
     device: str
