@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from kerasmagic.cleanup.holders import live_models
     from kerasmagic.isolate.api import isolated, run_isolated, sweep
     from kerasmagic.live import history
-    from kerasmagic.oom.batch import find_batch_size
+    from kerasmagic.oom.batch import FitPrediction, find_batch_size, predict_fit
     from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
 
 _LAZY = {
@@ -33,10 +33,13 @@ _LAZY = {
     "live_models": "kerasmagic.cleanup.holders",
     "history": "kerasmagic.live",
     "find_batch_size": "kerasmagic.oom.batch",
+    "predict_fit": "kerasmagic.oom.batch",
+    "FitPrediction": "kerasmagic.oom.batch",
 }
 
 __all__ = [
     "CleanupReport",
+    "FitPrediction",
     "MemorySnapshot",
     "__version__",
     "diff",
@@ -46,6 +49,7 @@ __all__ = [
     "isolated",
     "live_models",
     "load_ipython_extension",
+    "predict_fit",
     "reset",
     "run_isolated",
     "sweep",

@@ -30,6 +30,7 @@ from kerasmagic.live import CellRecord, get_monitor
 from kerasmagic.probes import largest_variables, read_ram
 from kerasmagic.snapshot import take_snapshot
 from kerasmagic.views.render import (
+    ReportLine,
     Table,
     freed_row,
     model_rows,
@@ -237,7 +238,13 @@ class KerasMagics(Magics):
         display(Table(f"kerasmagic: memory of kernel pid {snap.pid}", rows))
         if models is not None and data_vars is not None:
             rows = model_rows(models) + freed_row(last_report())
-            display(Table("live Keras models (what holds them, what frees them)", rows))
+            count = sum(m.kind == "model" for m in models)  # not the loose state listed after
+            named = snap.keras.live_models
+            title = f"{count} live Keras model{'s' if count != 1 else ''}" + (
+                "" if named is None else f" ({named} named in the notebook)"
+            )
+            them = "them" if count != 1 else "it"
+            display(Table(f"{title}: what holds {them}, what frees {them}", rows))
             display(Table("largest data in the namespace", variable_rows(data_vars)))
 
     @magic_arguments()
@@ -254,6 +261,19 @@ class KerasMagics(Magics):
         help="Only report what would be dropped; clean nothing and do not run the cell.",
     )
     @argument("-q", "--quiet", action="store_true", help="Print no report.")
+    @argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="Show what the cleanup did in full under the report line (in a notebook it is one "
+        "click away: the line's ▸).",
+    )
+    @argument(
+        "--predict",
+        action="store_true",
+        help="Before each fit in the cell, predict its peak memory (one line); a fit that would "
+        "not fit stops before its first step, naming the batch that fits.",
+    )
     @argument(
         "--isolate",
         action="store_true",
@@ -283,6 +303,8 @@ class KerasMagics(Magics):
         args = parse_line(self.fresh_model, line, cell=True)
         if args is None:  # --help: printed, the cell not run
             return no_result(self.ip, cell)
+        if args.isolate and args.predict:
+            raise UsageError("--predict predicts fits in this kernel: not with --isolate")
         if args.isolate:
             from kerasmagic.isolate.api import run_cell_isolated
 
@@ -293,6 +315,7 @@ class KerasMagics(Magics):
             self.ip.run_cell(cell)  # %%fresh_model is off: the cell runs as a plain one
             return None
         header = f"%%fresh_model {line}".rstrip()
+        start_rss = read_ram().rss_bytes  # the report's start without a record
         # Ctrl-C is held from here to the cell's start: a collection triggered anywhere in this
         # phase runs gc callbacks (JAX registers one), and an interrupt raised inside one is
         # printed as "Exception ignored" and lost.
@@ -310,7 +333,7 @@ class KerasMagics(Magics):
             )
         held.deliver()
         if args.dry_run:
-            print(f"kerasmagic: {report.summary()}")
+            display(ReportLine(f"kerasmagic: {report.summary()}"))
             return no_result(self.ip, cell)
         after_cleanup = read_ram().rss_bytes
 
@@ -320,13 +343,18 @@ class KerasMagics(Magics):
             monitor = get_monitor(self.ip)
 
             def say(record: CellRecord | None) -> None:
-                line = report_text(report, after_cleanup, record, read_ram().rss_bytes)
-                print(f"kerasmagic: {line}")
+                line = report_text(report, start_rss, after_cleanup, record, read_ram().rss_bytes)
+                display(ReportLine(f"kerasmagic: {line}", report.summary(), args.verbose))
 
             if monitor is None or not monitor.at_cell_end(say):
                 say(None)  # no record coming (a magic called inside a cell): said now
 
-        return runner.run(self.ip, compiled, report_line)
+        if not args.predict:
+            return runner.run(self.ip, compiled, report_line)
+        from kerasmagic.oom.batch import fits_predicted
+
+        with fits_predicted():
+            return runner.run(self.ip, compiled, report_line)
 
 
 __all__ = ["KerasMagics"]

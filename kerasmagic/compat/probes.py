@@ -86,6 +86,13 @@ def context(_: Any) -> str | None:
     )
 
 
+def op_seeds(_: Any) -> str | None:
+    generator = getattr(module(CONTEXT).context(), "_rng", None)
+    if generator is None or callable(getattr(generator, "getstate", None)):
+        return None  # None until tf.random.set_seed: nothing to put back
+    return "moved context()._rng"
+
+
 def modes(_: Any) -> str | None:
     context = module(CONTEXT).context()
     stack = getattr(getattr(context, "context_switches", None), "stack", None)

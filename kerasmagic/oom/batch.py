@@ -1,11 +1,20 @@
-"""The largest training batch that fits: measured with the allocator's peak, confirmed once.
+"""Know before fit: a fit's peak predicted from small fits, and the largest batch that fits.
 
-Two small train steps give the allocator's peak at two batch sizes; the difference is the cost
-of one sample, the rest is what the model holds anyway (weights, optimizer slots). The limit
-minus a margin, over that cost, is the batch that should fit; one real step at that size
-confirms it (on an out-of-memory error it backs off and tries again). The model's weights, the
-optimizer's state and the metrics are put back after every try, and the traced train function
-is dropped: the model leaves as it came, apart from an optimizer that is now built.
+``predict_fit`` runs the user's own fit (same data, validation, shuffle) for a few steps at an
+eighth and (twice) half the batch, reads the allocator's peak of each, and extends the line
+through them to the full batch: what a fit holds whatever its batch (weights,
+optimizer slots, the data ``fit`` converts) and what grows with it (activations, prefetched
+batches) are measured, not modelled. A probe runs only where the probes so far leave room for
+it below the device's limit, so a prediction never runs out of memory, and the model leaves with
+its weights, optimizer state, step counter, RNG state and compiled functions as it came.
+
+``find_batch_size`` measures instead: two small train steps give the allocator's peak at two
+batch sizes; the difference is the cost of one sample, the rest is what the model holds anyway
+(weights, optimizer slots). The limit minus a margin, over that cost, is the batch that should
+fit; one real step at that size confirms it (on an out-of-memory error it backs off and tries
+again). The model's weights, the optimizer's state and the metrics are put back after every
+try, and the traced train function is dropped: the model leaves as it came, apart from an
+optimizer that is now built.
 Anchor: PyTorch Lightning's batch size finder, which probes by running out of memory; this
 needs at most one out-of-memory error and usually none.
 """
@@ -15,9 +24,14 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import random
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import textwrap
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kerasmagic.backends.oom import find_oom
@@ -321,3 +335,424 @@ def _restore(model: Any, saved: tuple[list[Any], list[Any]]) -> None:
 def _variables(optimizer: Any) -> Sequence[Any]:
     variables = getattr(optimizer, "variables", ())
     return list(variables() if callable(variables) else variables)
+
+
+# -- know before fit ----------------------------------------------------------------------------
+SHARES = (8, 2)  # probes at an eighth and half the batch (the half twice)
+PROBE_STEPS = (
+    4  # train steps a probe runs: fewer miss the peak of tf.data's prefetch, still growing
+)
+ROOM = 0.75  # a probe's worst case stays below this share of the limit: near it, a free
+# share split in chunks can fail an allocation (under a 160 MB cap, a probe whose worst case
+# was under 144 MB ran out)
+GROWTH = 1.5  # the worst case: the steepest slope measured, this much steeper
+
+
+@dataclass(frozen=True)
+class FitPrediction:
+    """A fit's peak on its device, predicted before it runs (``peak_bytes`` None: not known).
+
+    ``probes`` are the (batch, allocator peak) pairs measured; ``largest_batch`` is the largest
+    batch whose predicted peak stays within ``margin`` of the limit; ``notes`` say what the
+    prediction cannot see. ``str()`` is the one line a notebook shows.
+    """
+
+    batch_size: int | None
+    device: str | None
+    peak_bytes: int | None
+    limit_bytes: int | None = None
+    margin: float = 0.9
+    largest_batch: int | None = None
+    probes: tuple[tuple[int, int], ...] = ()
+    seconds: float = 0.0
+    notes: tuple[str, ...] = ()
+    message: str = ""
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the predicted peak stays within ``margin`` of the limit (None: not known)."""
+        if self.peak_bytes is None or self.limit_bytes is None:
+            return None
+        return self.peak_bytes <= self.limit_bytes * self.margin
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def predict_fit(
+    model: Any,
+    x: Any = None,
+    y: Any = None,
+    *,
+    batch_size: int | None = None,
+    validation_data: Any = None,
+    validation_split: float = 0.0,
+    validation_batch_size: int | None = None,
+    shuffle: bool | str = True,
+    class_weight: Any = None,
+    sample_weight: Any = None,
+    callbacks: Sequence[Any] | None = None,
+    limit_mb: float | None = None,
+    margin: float = 0.9,
+    verbose: bool = True,
+) -> FitPrediction:
+    """Predict the allocator's peak of ``model.fit(x, y, batch_size=...)`` before it runs.
+
+    Takes ``fit``'s own arguments (arrays or dicts/lists of arrays, a ``tf.data.Dataset`` or a
+    ``keras.utils.PyDataset``; a dataset's own batch is the batch predicted) and says in one
+    line: the peak on the device, its limit (``limit_mb`` replaces it), whether the fit stays
+    within ``margin`` of it and the largest batch that does. ``callbacks`` are not run: they are
+    only named as what the prediction cannot see. Costs about three and a half full-size steps
+    and a trace; never runs out of memory itself; leaves the model as it came.
+    """
+    _check(model, margin, limit_mb)
+    batch, probe_args, notes = _fit_inputs(x, y, batch_size, validation_data, validation_batch_size)
+    if callbacks:
+        notes.append("callbacks not run: what they allocate is not counted")
+    meter = None if batch is None else device_meter(_mb(limit_mb))
+    if isinstance(meter, Meter) and meter.device == "CPU:0" and _keras_backend() == "tensorflow":
+        from kerasmagic.backends.tensorflow import cpu_uncounted
+
+        if uncounted := cpu_uncounted():
+            notes.append(f"CPU:0's figures {uncounted}")
+    if batch is None or not isinstance(meter, Meter):
+        why = notes.pop() if batch is None else f"{meter}: no fit predicted"
+        message = _wrapped(f"kerasmagic: {why}")
+        return _said(FitPrediction(batch, None, None, margin=margin, message=message), verbose)
+    fixed = dict(validation_split=validation_split, shuffle=shuffle, class_weight=class_weight,
+                 sample_weight=sample_weight)  # fmt: skip
+    started = time.perf_counter()
+    with _kept(model), _quiet():
+        peaks, oom = _probe(model, meter, batch, lambda b: {**fixed, **probe_args(b)})
+    if oom:
+        notes.append(f"a probe of batch {oom} ran out of memory")
+    prediction = _predicted(peaks, batch, meter, margin, tuple(notes),
+                            time.perf_counter() - started)  # fmt: skip
+    return _said(prediction, verbose)
+
+
+def _check(model: Any, margin: float, limit_mb: float | None) -> None:
+    if not 0 < margin <= 1:
+        raise ValueError(f"margin must be in (0, 1], not {margin!r}")
+    if limit_mb is not None and (
+        isinstance(limit_mb, bool)
+        or not isinstance(limit_mb, int | float)
+        or not (math.isfinite(limit_mb) and limit_mb > 0)
+    ):
+        raise ValueError(f"limit_mb must be a positive number of megabytes, not {limit_mb!r}")
+    if getattr(model, "optimizer", None) is None or not callable(getattr(model, "fit", None)):
+        raise ValueError("a prediction needs a compiled Keras model: call model.compile() first")
+
+
+def _mb(limit_mb: float | None) -> int | None:
+    return None if limit_mb is None else int(limit_mb * 2**20)
+
+
+def _wrapped(line: str) -> str:
+    """One sentence, wrapped at spaces within 80 columns: a notebook breaks inside words."""
+    return textwrap.fill(line, 80, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def _said(prediction: FitPrediction, verbose: bool) -> FitPrediction:
+    if verbose:
+        print(prediction.message)
+    return prediction
+
+
+ProbeArgs = Callable[[int], dict[str, Any]]
+
+
+def _fit_inputs(
+    x: Any, y: Any, batch_size: int | None, validation: Any, validation_batch: int | None
+) -> tuple[int | None, ProbeArgs, list[str]]:
+    """Return the batch predicted, ``fit``'s arguments for a probe of ``b``, and the notes.
+
+    Arrays are probed whole at a smaller ``batch_size``; a ``tf.data.Dataset`` rebatched; a
+    ``PyDataset`` through its first batch, cut. A generator cannot be probed without using it
+    up: the batch is None and the last note says why.
+    """
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                   or batch_size < 1):  # fmt: skip
+        raise ValueError(f"batch_size must be a positive whole number, not {batch_size!r}")
+    notes: list[str] = []
+    kind = _kind(x)
+    if kind == "generator":
+        notes.append("a generator cannot be probed without using it up: pass arrays, a "
+                     "tf.data.Dataset or a keras.utils.PyDataset to predict its fit")  # fmt: skip
+        return None, lambda b: {}, notes
+    if kind == "dataset":
+        batch = _rows(next(iter(x))[0] if _is_pair(x) else next(iter(x)))
+        notes.append("tf.data: rebatched to probe; buffers that grow with time are not seen")
+        train: ProbeArgs = lambda b: {"x": x.unbatch().batch(b)}  # noqa: E731
+    elif kind == "pydataset":
+        first = x[0]
+        batch = _rows(first[0] if isinstance(first, tuple) else first)
+        train = lambda b: {"x": _cut(type(x).__mro__, first, b)}  # noqa: E731
+    else:
+        batch = min(batch_size or 32, _rows(x))
+        train = lambda b: {"x": x, "y": y, "batch_size": b}  # noqa: E731
+    share = (validation_batch or batch) / batch
+    if _kind(validation) == "dataset":
+        valid: ProbeArgs = lambda b: {"validation_data": validation.unbatch().batch(  # noqa: E731
+            max(1, round(b * share)))}  # fmt: skip
+    else:
+        valid = lambda b: {"validation_data": validation,  # noqa: E731
+                           "validation_batch_size": max(1, round(b * share))}  # fmt: skip
+    return batch, lambda b: {**train(b), **valid(b), "validation_steps": 1}, notes
+
+
+def _kind(data: Any) -> str:
+    """Return "dataset", "pydataset", "generator" or "arrays" (None and tensors included)."""
+    names = {c.__name__ for c in type(data).__mro__}
+    if "DatasetV2" in names:
+        return "dataset"
+    if "PyDataset" in names or ("Sequence" in names and hasattr(data, "__getitem__")):
+        return "pydataset"
+    if isinstance(data, Iterator):
+        return "generator"
+    return "arrays"
+
+
+def _is_pair(dataset: Any) -> bool:
+    return isinstance(dataset.element_spec, tuple)
+
+
+def _cut(mro: Sequence[type], first: Any, b: int) -> Any:
+    """Return a PyDataset of ``first`` cut to ``b`` samples, for as many steps as a probe runs."""
+    base = next(c for c in mro if c.__name__ in ("PyDataset", "Sequence"))
+    batch = tuple(_take(part, b) for part in first) if isinstance(first, tuple) else _take(first, b)
+
+    class Cut(base):  # type: ignore[misc, valid-type]
+        def __len__(self) -> int:
+            return PROBE_STEPS
+
+        def __getitem__(self, index: int) -> Any:
+            return batch
+
+    return Cut()
+
+
+@contextmanager
+def _kept(model: Any) -> Iterator[None]:
+    """Put back the model's variables, optimizer state, compiled functions and RNG states."""
+    optimizer = model.optimizer
+    if not getattr(optimizer, "built", True) and callable(getattr(optimizer, "build", None)):
+        optimizer.build(model.trainable_variables)  # as fit would: its slots are then counted
+    metrics = [v for m in getattr(model, "metrics", ()) for v in getattr(m, "variables", ())]
+    variables = list({id(v): v for v in (*model.variables, *_variables(optimizer), *metrics)}
+                     .values())  # fmt: skip
+    values = [v.numpy() for v in variables]
+    names = ("train_function", "test_function", "predict_function", "history", "stop_training")
+    attributes = {name: vars(model).get(name, _MISSING) for name in names}
+    rng = _rng_state()
+    try:
+        yield
+    finally:
+        for variable, value in zip(variables, values, strict=True):
+            variable.assign(value)
+        if attributes["train_function"] in (None, _MISSING) and works("keras.train_function"):
+            model.make_train_function(force=True)  # see measure_batch: the probes' traces go
+        for name, value in attributes.items():
+            if value is _MISSING:
+                vars(model).pop(name, None)
+            else:
+                setattr(model, name, value)
+        _set_rng_state(rng)
+        gc.collect()
+
+
+_MISSING = object()
+
+
+def _rng_state() -> tuple[Any, ...]:
+    numpy = sys.modules.get("numpy")
+    return random.getstate(), None if numpy is None else numpy.random.get_state(), _tf_rng()
+
+
+def _set_rng_state(state: tuple[Any, ...]) -> None:
+    python, numpy_state, tf_state = state
+    random.setstate(python)
+    if numpy_state is not None:
+        sys.modules["numpy"].random.set_state(numpy_state)
+    if tf_state is not None:
+        tf_state[0].setstate(tf_state[1])
+
+
+def _tf_rng() -> tuple[Any, Any] | None:
+    """TF's op-seed generator (``tf.random.set_seed`` makes it; each shuffle draws from it)."""
+    if not works("tf.op_seeds"):
+        return None
+    from tensorflow.python.eager import context
+
+    generator = getattr(context.context(), "_rng", None)
+    return None if generator is None else (generator, generator.getstate())
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence TF's retracing warnings and Keras's "ran out of data": each probe's own."""
+    tf_log = logging.getLogger("tensorflow")
+    level = tf_log.level
+    tf_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        tf_log.setLevel(level)
+
+
+def _probe(
+    model: Any, meter: Meter, batch: int, args: ProbeArgs
+) -> tuple[dict[int, int], int | None]:
+    """Run the probes that have room; return their peaks and the batch that ran out, if any."""
+    warm = max(1, batch // 64)  # traces, builds the metrics: its peak only bounds the next
+    targets = sorted({max(1, batch // share) for share in SHARES} - {batch})
+    gc.collect()
+    meter.reset()
+    held = meter.peak()  # in use now: the peak of nothing yet
+    first = _fit_peak(model, meter, warm, args, steps=1)
+    if first is None:
+        return {}, warm
+    peaks: dict[int, int] = {0: first}  # the trace's own peak: a floor, as fit traces too
+    room = int(meter.limit_bytes * ROOM)
+    # Each target in as many steps as the room allows; the largest twice: where its tensors
+    # land in the allocator's free chunks varies from fit to fit, and an allocator keeps a
+    # chunk less than twice a tensor's size whole for it.
+    for target in (*targets, *targets[-1:]):
+        while True:
+            probed = {b: p for b, p in peaks.items() if b}
+            size = _room({0: held, **(probed or {warm: first})}, target, room)
+            if size is None:
+                return peaks, None
+            peak = _fit_peak(model, meter, size, args, steps=PROBE_STEPS)
+            if peak is None:
+                return peaks, size
+            peaks[size] = max(peak, peaks.get(size, 0))
+            if size == target:
+                break
+    return peaks, None
+
+
+def _room(peaks: Mapping[int, int], target: int, room: int) -> int | None:
+    """Return the largest batch up to ``target`` whose worst case stays within ``room``.
+
+    ``peaks`` maps each batch measured to its peak, batch 0 to what was held before any probe.
+    The worst case is the steepest slope measured, or with one probe only a fit's own peak
+    growing in proportion to the batch, steeper still: a step's peak jumps by a tensor where
+    the allocator hands it a whole free chunk up to twice its size.
+    """
+    top = max(peaks)
+    if target <= top:
+        return target
+    slopes = [(peaks[top] - p) / (top - b) for b, p in peaks.items() if 0 < b < top]
+    slope = GROWTH * (max(slopes) if slopes else (peaks[top] - peaks[0]) / top)
+    reach = top + int((room - peaks[top]) / slope) if slope > 0 else target
+    size = min(target, reach)
+    return size if size > top else None
+
+
+def _fit_peak(model: Any, meter: Meter, batch: int, args: ProbeArgs, steps: int) -> int | None:
+    """Run ``fit`` for ``steps`` steps of ``batch``; return the allocator's peak, None on OOM."""
+    gc.collect()
+    meter.reset()
+    try:
+        model.fit(**args(batch), epochs=1, steps_per_epoch=steps, verbose=0)
+    except Exception as error:
+        if find_oom(error) is None:
+            raise
+        return None
+    return meter.peak()
+
+
+def _predicted(
+    peaks: Mapping[int, int], batch: int, meter: Meter, margin: float, notes: tuple[str, ...],
+    seconds: float,
+) -> FitPrediction:  # fmt: skip
+    """Extend the line through the smallest and largest probes to ``batch``; say it in one line.
+
+    Through the two ends, not the two largest: each probe's peak varies, and the nearer two
+    points are, the more a line through them multiplies that.
+    """
+    budget = int(meter.limit_bytes * margin)
+    floor = peaks.get(0, 0)
+    probes = tuple(sorted((b, p) for b, p in peaks.items() if b))
+    base = FitPrediction(batch, meter.device, None, limit_bytes=meter.limit_bytes,
+                margin=margin, probes=probes, seconds=seconds, notes=notes)  # fmt: skip
+    if len(probes) < 2:
+        why = "too little room below the limit to probe" if probes else "no probe ran"
+        why = "a batch under 4 is as small as a probe: run it" if batch < 4 else why
+        return replace(base, message=_wrapped(f"kerasmagic: cannot predict the fit of batch "
+                                              f"{batch} on {meter.device}: {why}"))  # fmt: skip
+    (b1, p1), (b2, p2) = probes[0], probes[-1]
+    slope = max(0.0, (p2 - p1) / (b2 - b1))
+    peak = max(int(p2 + slope * (batch - b2)), floor, *(p for _, p in probes))
+    largest = int(b2 + (budget - p2) / slope) if slope > 0 else None
+    largest = None if largest is not None and (largest < 1 or floor > budget) else largest
+    fits = peak <= budget
+    verdict = "fits" if fits else f"too big for {margin:.0%} of it"
+    if not fits:
+        verdict += f"; batch {largest} fits" if largest else "; no batch fits: free memory first"
+    notes = (*notes, f"predicted in {seconds:.1f} s")
+    said = "; ".join(notes)
+    message = _wrapped(
+        f"kerasmagic: fit of batch {batch} will peak at ~{fmt_bytes(peak)} on {meter.device}, "
+        f"limit {fmt_bytes(meter.limit_bytes)} ({meter.limit_source}): {verdict}. "
+        f"{said[:1].upper()}{said[1:]}."
+    )
+    return replace(base, peak_bytes=peak, largest_batch=largest, message=message)
+
+
+_predicting = False  # a probe's own fit runs unpredicted
+
+
+@contextmanager
+def fits_predicted(margin: float = 0.9) -> Iterator[None]:
+    """Predict each Keras ``fit`` in the block before it runs; stop one that would not fit.
+
+    ``%%fresh_model --predict``'s block: the prediction's line is printed before the first
+    step; a fit predicted past ``margin`` of the limit raises ``MemoryError`` with that line
+    instead of running. ``Model.fit`` is wrapped for the block's time only.
+    """
+    classes = [getattr(sys.modules.get(name), "Model", None) for name in ("keras", "tf_keras")]
+    owned = {c: vars(c).get("fit") for c in classes if isinstance(c, type)}
+    for cls in owned:
+        setattr(cls, "fit", _predicted_fit(getattr(cls, "fit"), margin))  # noqa: B009, B010
+    try:
+        yield
+    finally:
+        for cls, fit in owned.items():
+            if fit is None:
+                delattr(cls, "fit")
+            else:
+                setattr(cls, "fit", fit)  # noqa: B010
+
+
+def _predicted_fit(fit: Callable[..., Any], margin: float) -> Callable[..., Any]:
+    import functools
+    import inspect
+
+    signature = inspect.signature(fit)
+
+    @functools.wraps(fit)
+    def predicted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        global _predicting
+        if _predicting:
+            return fit(self, *args, **kwargs)
+        given = signature.bind_partial(self, *args, **kwargs).arguments
+        names = ("batch_size", "validation_data", "validation_split", "validation_batch_size",
+                 "shuffle", "class_weight", "sample_weight", "callbacks")  # fmt: skip
+        _predicting = True
+        try:
+            prediction = predict_fit(
+                self, given.get("x"), given.get("y"), margin=margin, verbose=False,
+                **{name: given[name] for name in names if given.get(name) is not None},
+            )  # fmt: skip
+        finally:
+            _predicting = False
+        print(prediction.message)
+        if prediction.fits is False:
+            raise MemoryError(" ".join(prediction.message.split()[1:]) + " Not started.")
+        return fit(self, *args, **kwargs)
+
+    return predicted

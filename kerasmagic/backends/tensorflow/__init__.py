@@ -8,6 +8,7 @@ registry, function library, a model's traced graphs, tf.function traces of dropp
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from types import CodeType
@@ -38,6 +39,19 @@ RESTORED_SWITCHES = (
     "{n} entr{ies} on its stack of context switches; removed, as before the cell"
 )
 
+# oneDNN's CPU allocator, TF's default where its statistics exist, skips tensors under 256 KB
+# (a small CNN read 0 B); TF_CPU_ALLOCATOR_USE_BFC=true counts every one (notes/tf-memory.md).
+UNCOUNTED_CPU = (
+    "misses tensors under 256 KB; set TF_CPU_ALLOCATOR_USE_BFC=true before importing "
+    "TensorFlow for the exact figure"
+)
+
+
+def cpu_uncounted() -> str | None:
+    """What TF's CPU figures miss, or None where its BFC allocator counts every tensor."""
+    bfc = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("true", "1")
+    return None if bfc else UNCOUNTED_CPU
+
 
 def in_use() -> bool:
     """TensorFlow is in use once imported (Keras under JAX/PyTorch does not import it)."""
@@ -49,7 +63,14 @@ def info(tf: TfInfo, graph: GraphInfo) -> BackendInfo:
     module = sys.modules.get("tensorflow")
     version = getattr(module, "__version__", None)
     devices = tuple(
-        BackendDevice(d.device, d.current_bytes, d.peak_bytes, kind=d.kind) for d in tf.devices
+        BackendDevice(
+            d.device,
+            d.current_bytes,
+            d.peak_bytes,
+            kind=d.kind,
+            uncounted=None if d.kind != "cpu" else cpu_uncounted(),
+        )
+        for d in tf.devices
     )
     on_gpu = bool(tf.gpu_devices)
     figures = {

@@ -1,0 +1,229 @@
+"""Know before fit: ``predict_fit`` under TensorFlow's capped CPU allocator, and its refusals.
+
+The capped run puts TF's CPU device on the BFC allocator a GPU uses, capped at 160 MB, in a
+child process (the settings are read as TF starts). oneDNN's kernels are off there: with them,
+TF 2.21's capped allocator crashes the process instead of raising (see ``tests/test_oom.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+import kerasmagic
+from kerasmagic.oom.batch import FitPrediction
+
+CAPPED = r"""
+import json, os, random
+import numpy as np, keras, tensorflow as tf
+import kerasmagic
+from kerasmagic.backends.oom import find_oom
+
+keras.utils.set_random_seed(0)
+x = np.random.rand(16384, 512).astype("float32")
+y = np.random.randint(0, 10, 16384)
+model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024, activation="relu"),
+                          keras.layers.Dense(1024, activation="relu"),
+                          keras.layers.Dropout(0.2), keras.layers.Dense(10)])
+model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              metrics=["accuracy"])
+small = dict(x=x[:8192], y=y[:8192], validation_split=0.1)
+model.fit(batch_size=256, verbose=0, **small)
+out = {}
+
+def state():
+    parts = [*model.variables, *model.optimizer.variables,
+             *(v for m in model.metrics for v in m.variables)]
+    return [v.numpy().tobytes() for v in parts]
+
+def fit(batch, data=small):
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    try:
+        model.fit(batch_size=batch, verbose=0, **data)
+    except Exception as error:
+        if find_oom(error) is None:
+            raise
+        return "oom"
+    return tf.config.experimental.get_memory_info("CPU:0")["peak"]
+
+def predict(batch, data=small, **kw):
+    p = kerasmagic.predict_fit(model, batch_size=batch, verbose=False, **data, **kw)
+    return {"peak": p.peak_bytes, "fits": p.fits, "largest": p.largest_batch,
+            "notes": list(p.notes), "probes": p.probes, "message": p.message}
+
+# the model, its optimizer, metrics, compiled functions and RNG states as they were
+before = state()
+functions = (model.train_function, model.test_function, model.history)
+keras.utils.set_random_seed(5)
+reference = (tf.random.shuffle(tf.range(100)).numpy().tolist(), np.random.rand(), random.random())
+keras.utils.set_random_seed(5)
+out["fits"] = predict(1024)
+after = (tf.random.shuffle(tf.range(100)).numpy().tolist(), np.random.rand(), random.random())
+out["same_state"] = state() == before
+out["same_functions"] = functions == (model.train_function, model.test_function, model.history)
+out["same_rng"] = after == reference
+out["fits_ran"] = fit(1024)
+
+whole = dict(x=x, y=y, validation_split=0.1)
+out["big"] = predict(12288, data=whole)
+out["big_ran"] = fit(12288, data=whole)
+out["largest"] = predict(12288, data=whole, margin=0.8)
+out["largest_ran"] = fit(out["largest"]["largest"], data=whole)
+# half of this batch alone would run out: the probes stop where the limit leaves no room
+out["huge"] = predict(16384, data=dict(x=x, y=y))
+
+# a tf.data.Dataset (rebatched to probe) and a PyDataset (its first batch, cut): their own batch
+kept = state()
+dataset = tf.data.Dataset.from_tensor_slices((x[:4096], y[:4096])).batch(1024)
+out["dataset"] = predict(None, data=dict(x=dataset, validation_data=dataset.take(1)))
+
+class Batches(keras.utils.PyDataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return x[i * 512 : (i + 1) * 512], y[i * 512 : (i + 1) * 512]
+
+out["pydataset"] = predict(None, data=dict(x=Batches()))
+out["tiny"] = predict(2)
+out["after_inputs"] = state() == kept
+
+# %%fresh_model --predict: the line before the first step; a fit that would not fit stops
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+shell = InteractiveShell.instance()
+shell.extension_manager.load_extension("kerasmagic")
+shell.user_ns.update(model=model, x=x[:8192], y=y[:8192])
+for batch in (1024, 6144):
+    cell = f"h = model.fit(x, y, batch_size={batch}, validation_split=0.1, verbose=0)"
+    with capture_output() as said:
+        result = shell.run_cell(f"%%fresh_model --predict -q\n{cell}\n")
+    error = result.error_in_exec
+    out[f"cell_{batch}"] = {"said": said.stdout, "error": type(error).__name__ if error else None,
+                            "fitted": "h" in shell.user_ns}
+    shell.user_ns.pop("h", None)
+out["fit_unwrapped"] = "fit" not in vars(keras.Model)
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def capped() -> dict[str, Any]:
+    env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPU_BFC_MEM_LIMIT_IN_MB": "160",
+           "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", CAPPED], env=env, capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT")]
+    assert run.returncode == 0 and lines, run.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT") :])
+
+
+def test_a_prediction_leaves_the_model_its_functions_and_rng_as_they_were(
+    capped: dict[str, Any],
+) -> None:
+    assert capped["same_state"]  # weights, optimizer slots and step, metrics: byte for byte
+    assert capped["same_functions"]
+    assert capped["same_rng"]  # TF's op seeds (a seeded shuffle), numpy's and Python's
+
+
+def test_a_fit_predicted_to_fit_runs_near_its_predicted_peak(capped: dict[str, Any]) -> None:
+    fits = capped["fits"]
+    assert fits["fits"] is True and isinstance(capped["fits_ran"], int)
+    # On the CPU a fit's own peak varies run to run by up to a fifth (tf.data's threads decide
+    # how many batches wait at once): the accuracy figure is benchmarks/predict.py's; this
+    # holds the prediction to the measured peak's neighbourhood, not to noise.
+    assert abs(fits["peak"] - capped["fits_ran"]) <= 0.4 * capped["fits_ran"], fits["message"]
+    assert max(b for b, _ in fits["probes"]) == 512  # half the batch
+
+
+def test_a_fit_predicted_not_to_fit_runs_out_and_the_batch_named_runs(
+    capped: dict[str, Any],
+) -> None:
+    big = capped["big"]
+    assert big["fits"] is False and big["peak"] > 160 * 2**20, big["message"]
+    said = flat(big["message"])
+    assert "too big for 90% of it" in said and f"batch {big['largest']} fits" in said
+    assert capped["big_ran"] == "oom"  # it does run out, at the size predicted
+    largest = capped["largest"]["largest"]
+    assert 1024 < largest < 12288
+    assert isinstance(capped["largest_ran"], int) and capped["largest_ran"] < 160 * 2**20
+
+
+def test_a_prediction_never_runs_out_of_memory_itself(capped: dict[str, Any]) -> None:
+    for case in ("fits", "big", "largest", "huge"):
+        assert not any("ran out" in note for note in capped[case]["notes"]), capped[case]
+    huge = capped["huge"]
+    assert max(b for b, _ in huge["probes"]) < 16384 // 2  # half the batch had no room
+    assert huge["fits"] is False, huge["message"]
+
+
+def test_fresh_model_predict_says_its_line_and_stops_a_fit_that_would_not_fit(
+    capped: dict[str, Any],
+) -> None:
+    fits, big = capped["cell_1024"], capped["cell_6144"]
+    assert fits["error"] is None and fits["fitted"]
+    said = flat(fits["said"])
+    assert "kerasmagic: fit of batch 1024 will peak at" in said and "): fits. " in said
+    assert big["error"] == "MemoryError" and not big["fitted"]
+    assert "too big for 90% of it" in flat(big["said"]) and "Not started." in flat(big["said"])
+    assert "ResourceExhausted" not in big["said"]  # stopped before any step, not run out
+    assert capped["fit_unwrapped"]  # Model.fit is Keras's own again after the cell
+
+
+def test_datasets_are_predicted_at_their_own_batch(capped: dict[str, Any]) -> None:
+    for case, batch in (("dataset", 1024), ("pydataset", 512)):
+        p = capped[case]
+        assert p["fits"] is True and p["peak"] > 0, p["message"]
+        assert f"fit of batch {batch} will peak" in flat(p["message"])
+        assert max(b for b, _ in p["probes"]) == batch // 2
+    assert "rebatched to probe" in flat(capped["dataset"]["message"])
+    tiny = capped["tiny"]
+    assert tiny["peak"] is None and "a batch under 4 is as small as a probe" in flat(
+        tiny["message"]
+    )
+    assert capped["after_inputs"]
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _compiled() -> Any:
+    keras = pytest.importorskip("keras")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    return model
+
+
+def test_a_generator_is_refused_in_one_line_without_being_used_up(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import numpy as np
+
+    batches = iter([(np.zeros((8, 4), "float32"), np.zeros((8, 2), "float32"))] * 3)
+    p = kerasmagic.predict_fit(_compiled(), batches)
+    assert isinstance(p, FitPrediction) and p.peak_bytes is None and p.fits is None
+    said = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in said.splitlines())  # wrapped at spaces, not by the page
+    assert "generator cannot be probed" in flat(said)
+    assert len(list(batches)) == 3
+
+
+def test_bad_arguments_are_one_clear_error() -> None:
+    import numpy as np
+
+    x = np.zeros((8, 4), "float32")
+    with pytest.raises(ValueError, match="compiled Keras model"):
+        kerasmagic.predict_fit(object(), x)
+    with pytest.raises(ValueError, match="batch_size must be a positive whole number"):
+        kerasmagic.predict_fit(_compiled(), x, x, batch_size=0)
+    with pytest.raises(ValueError, match="margin"):
+        kerasmagic.predict_fit(_compiled(), x, x, margin=1.5)
+    with pytest.raises(ValueError, match="limit_mb"):
+        kerasmagic.predict_fit(_compiled(), x, x, limit_mb="lots")
