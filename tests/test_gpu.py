@@ -264,3 +264,16 @@ def test_tensorflows_gpu_limit_is_its_memory_limit_not_the_gpus_total() -> None:
     assert said.startswith("memory capped at 1536 MB")
     assert limit == meter == 1536 * 2**20
     assert source == meter_source == "TensorFlow's memory_limit"
+
+
+@pytest.mark.slow
+def test_a_fits_peak_is_predicted_within_a_tenth_on_a_gpu(tmp_path: Path) -> None:
+    """Issue 38's table on GPU:0 (exact to the byte there): every kind, three batches."""
+    bench = Path(__file__).parent.parent / "benchmarks" / "predict.py"
+    env = {**os.environ, "KERASMAGIC_RESULTS": str(tmp_path)}
+    batches = ["--batches", "128", "256", "512"]
+    subprocess.run([sys.executable, str(bench), *batches], check=True, timeout=1800, env=env)
+    table = json.loads((tmp_path / "predict.json").read_text())
+    assert {row["device"] for row in table["rows"]} == {"GPU:0"}
+    assert table["median_abs_error"] <= 0.10, table
+    assert table["within_10_percent"] >= 0.8 * table["cases"], table

@@ -1,12 +1,13 @@
 """Know before fit: a fit's peak predicted from small fits, and the largest batch that fits.
 
 ``predict_fit`` runs the user's own fit (same data, validation, shuffle) for a few steps at an
-eighth and (twice) half the batch, reads the allocator's peak of each, and extends the line
-through them to the full batch: what a fit holds whatever its batch (weights,
-optimizer slots, the data ``fit`` converts) and what grows with it (activations, prefetched
-batches) are measured, not modelled. A probe runs only where the probes so far leave room for
-it below the device's limit, so a prediction never runs out of memory, and the model leaves with
-its weights, optimizer state, step counter, RNG state and compiled functions as it came.
+eighth and (twice) half the batch, reads the allocator's peak of each phase (around the steps,
+train steps, validation steps), and extends each phase's line through them to the full batch:
+what a fit holds whatever its batch (weights, optimizer slots, the data ``fit`` converts) and
+what grows with it (activations, prefetched batches) are measured, not modelled. A probe runs
+only where the probes so far leave room for it below the device's limit, so a prediction never
+runs out of memory, and the model leaves with its weights, optimizer state, step counter, RNG
+state and compiled functions as it came.
 
 ``find_batch_size`` measures instead: two small train steps give the allocator's peak at two
 batch sizes; the difference is the cost of one sample, the rest is what the model holds anyway
@@ -21,6 +22,7 @@ needs at most one out-of-memory error and usually none.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import math
@@ -96,19 +98,8 @@ def measure_batch(
     margin: float = 0.9,
 ) -> BatchFit:
     """Measure and confirm the batch (see ``find_batch_size``); return it with its figures."""
-    if not 0 < margin <= 1:
-        raise ValueError(f"margin must be in (0, 1], not {margin!r}")
-    if limit_mb is not None and (
-        isinstance(limit_mb, bool)
-        or not isinstance(limit_mb, int | float)
-        or not (math.isfinite(limit_mb) and limit_mb > 0)
-    ):
-        raise ValueError(f"limit_mb must be a positive number of megabytes, not {limit_mb!r}")
-    if getattr(model, "optimizer", None) is None or not callable(
-        getattr(model, "train_on_batch", None)
-    ):
-        raise ValueError("find_batch_size needs a compiled Keras model: call model.compile() first")
-    meter = device_meter(None if limit_mb is None else int(limit_mb * 2**20))
+    _check(model, margin, limit_mb, "find_batch_size", "train_on_batch")
+    meter = device_meter(_mb(limit_mb))
     if isinstance(meter, str):
         return BatchFit(None, f"kerasmagic: {meter}: no batch size measured")
     samples = _rows(x)
@@ -405,7 +396,7 @@ def predict_fit(
     only named as what the prediction cannot see. Costs about three and a half full-size steps
     and a trace; never runs out of memory itself; leaves the model as it came.
     """
-    _check(model, margin, limit_mb)
+    _check(model, margin, limit_mb, "predict_fit")
     batch, probe_args, notes = _fit_inputs(x, y, batch_size, validation_data, validation_batch_size)
     if callbacks:
         notes.append("callbacks not run: what they allocate is not counted")
@@ -421,6 +412,9 @@ def predict_fit(
         return _said(FitPrediction(batch, None, None, margin=margin, message=message), verbose)
     fixed = dict(validation_split=validation_split, shuffle=shuffle, class_weight=class_weight,
                  sample_weight=sample_weight)  # fmt: skip
+    if not getattr(model, "built", True):  # built as fit would, so its weights can be kept
+        sample = x if _kind(x) == "arrays" else next(iter(x))
+        model(_take(sample[0] if _kind(x) != "arrays" else sample, 1))
     started = time.perf_counter()
     with _kept(model), _quiet():
         peaks, oom = _probe(model, meter, batch, lambda b: {**fixed, **probe_args(b)})
@@ -431,7 +425,10 @@ def predict_fit(
     return _said(prediction, verbose)
 
 
-def _check(model: Any, margin: float, limit_mb: float | None) -> None:
+def _check(
+    model: Any, margin: float, limit_mb: float | None, caller: str, method: str = "fit"
+) -> None:
+    """Refuse a bad argument in one clear line."""
     if not 0 < margin <= 1:
         raise ValueError(f"margin must be in (0, 1], not {margin!r}")
     if limit_mb is not None and (
@@ -440,8 +437,8 @@ def _check(model: Any, margin: float, limit_mb: float | None) -> None:
         or not (math.isfinite(limit_mb) and limit_mb > 0)
     ):
         raise ValueError(f"limit_mb must be a positive number of megabytes, not {limit_mb!r}")
-    if getattr(model, "optimizer", None) is None or not callable(getattr(model, "fit", None)):
-        raise ValueError("a prediction needs a compiled Keras model: call model.compile() first")
+    if getattr(model, "optimizer", None) is None or not callable(getattr(model, method, None)):
+        raise ValueError(f"{caller} needs a compiled Keras model: call model.compile() first")
 
 
 def _mb(limit_mb: float | None) -> int | None:
@@ -602,10 +599,14 @@ def _quiet() -> Iterator[None]:
         tf_log.setLevel(level)
 
 
+Phases = tuple[int, int, int]  # a fit's peaks: around its steps (data, epoch), train, validation
+
+
 def _probe(
     model: Any, meter: Meter, batch: int, args: ProbeArgs
-) -> tuple[dict[int, int], int | None]:
-    """Run the probes that have room; return their peaks and the batch that ran out, if any."""
+) -> tuple[dict[int, Phases], int | None]:
+    """Run the probes that have room; return their phases' peaks (the trace's at batch 0) and
+    the batch that ran out, if any."""
     warm = max(1, batch // 64)  # traces, builds the metrics: its peak only bounds the next
     targets = sorted({max(1, batch // share) for share in SHARES} - {batch})
     gc.collect()
@@ -614,24 +615,26 @@ def _probe(
     first = _fit_peak(model, meter, warm, args, steps=1)
     if first is None:
         return {}, warm
-    peaks: dict[int, int] = {0: first}  # the trace's own peak: a floor, as fit traces too
+    phases: dict[int, Phases] = {0: first}  # the trace's own peak: a floor, as fit traces too
     room = int(meter.limit_bytes * ROOM)
     # Each target in as many steps as the room allows; the largest twice: where its tensors
     # land in the allocator's free chunks varies from fit to fit, and an allocator keeps a
     # chunk less than twice a tensor's size whole for it.
     for target in (*targets, *targets[-1:]):
         while True:
-            probed = {b: p for b, p in peaks.items() if b}
-            size = _room({0: held, **(probed or {warm: first})}, target, room)
+            probed = {b: max(p) for b, p in phases.items() if b}
+            size = _room({0: held, **(probed or {warm: max(first)})}, target, room)
             if size is None:
-                return peaks, None
-            peak = _fit_peak(model, meter, size, args, steps=PROBE_STEPS)
-            if peak is None:
-                return peaks, size
-            peaks[size] = max(peak, peaks.get(size, 0))
+                return phases, None
+            measured = _fit_peak(model, meter, size, args, steps=PROBE_STEPS)
+            if measured is None:
+                return phases, size
+            old = phases.get(size, (0, 0, 0))
+            phases[size] = (max(old[0], measured[0]), max(old[1], measured[1]),
+                            max(old[2], measured[2]))  # fmt: skip
             if size == target:
                 break
-    return peaks, None
+    return phases, None
 
 
 def _room(peaks: Mapping[int, int], target: int, room: int) -> int | None:
@@ -652,43 +655,76 @@ def _room(peaks: Mapping[int, int], target: int, room: int) -> int | None:
     return size if size > top else None
 
 
-def _fit_peak(model: Any, meter: Meter, batch: int, args: ProbeArgs, steps: int) -> int | None:
-    """Run ``fit`` for ``steps`` steps of ``batch``; return the allocator's peak, None on OOM."""
+def _fit_peak(model: Any, meter: Meter, batch: int, args: ProbeArgs, steps: int) -> Phases | None:
+    """Run ``fit`` for ``steps`` steps of ``batch``; return its phases' peaks, None on OOM.
+
+    Read apart, a phase's peak grows with the batch as a line: the peak of the whole fit is the
+    larger of what is fixed (converting the data) and what grows (steps), and at small batches
+    the fixed part hides the growing one.
+    """
     gc.collect()
     meter.reset()
+    phases = [0, 0, 0]
+
+    def read(phase: int) -> None:
+        phases[phase] = max(phases[phase], meter.peak())
+        meter.reset()
+
+    hooks = {"on_train_begin": 0, "on_train_batch_end": 1, "on_test_begin": 0,
+             "on_test_batch_end": 2}  # fmt: skip
+    base = _callback_class(model)
+    reader = type("PhasePeaks", (base,), {
+        name: functools.partialmethod(lambda self, phase, *_, **__: read(phase), phase)
+        for name, phase in hooks.items()
+    })()  # fmt: skip
     try:
-        model.fit(**args(batch), epochs=1, steps_per_epoch=steps, verbose=0)
+        model.fit(**args(batch), epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[reader])
     except Exception as error:
         if find_oom(error) is None:
             raise
         return None
-    return meter.peak()
+    read(0)
+    return phases[0], phases[1], phases[2]
+
+
+def _callback_class(model: Any) -> type:
+    """Keras's ``Callback`` of the Keras that defines ``model`` (Keras 3 or tf-keras)."""
+    legacy = type(model).__module__.startswith("tf_keras") or any(
+        c.__module__.startswith("tf_keras") for c in type(model).__mro__
+    )
+    return sys.modules["tf_keras" if legacy else "keras"].callbacks.Callback  # type: ignore[no-any-return]
 
 
 def _predicted(
-    peaks: Mapping[int, int], batch: int, meter: Meter, margin: float, notes: tuple[str, ...],
-    seconds: float,
+    phases: Mapping[int, Phases], batch: int, meter: Meter, margin: float,
+    notes: tuple[str, ...], seconds: float,
 ) -> FitPrediction:  # fmt: skip
-    """Extend the line through the smallest and largest probes to ``batch``; say it in one line.
+    """Extend each phase's line through the smallest and largest probes to ``batch``.
 
     Through the two ends, not the two largest: each probe's peak varies, and the nearer two
-    points are, the more a line through them multiplies that.
+    points are, the more a line through them multiplies that. What is fixed (converting the
+    data, the trace at batch 0) is the largest measured.
     """
     budget = int(meter.limit_bytes * margin)
-    floor = peaks.get(0, 0)
-    probes = tuple(sorted((b, p) for b, p in peaks.items() if b))
+    sizes = sorted(b for b in phases if b)
+    probes = tuple((b, max(phases[b])) for b in sizes)
     base = FitPrediction(batch, meter.device, None, limit_bytes=meter.limit_bytes,
                 margin=margin, probes=probes, seconds=seconds, notes=notes)  # fmt: skip
-    if len(probes) < 2:
-        why = "too little room below the limit to probe" if probes else "no probe ran"
+    if len(sizes) < 2:
+        why = "too little room below the limit to probe" if sizes else "no probe ran"
         why = "a batch under 4 is as small as a probe: run it" if batch < 4 else why
         return replace(base, message=_wrapped(f"kerasmagic: cannot predict the fit of batch "
                                               f"{batch} on {meter.device}: {why}"))  # fmt: skip
-    (b1, p1), (b2, p2) = probes[0], probes[-1]
-    slope = max(0.0, (p2 - p1) / (b2 - b1))
-    peak = max(int(p2 + slope * (batch - b2)), floor, *(p for _, p in probes))
-    largest = int(b2 + (budget - p2) / slope) if slope > 0 else None
-    largest = None if largest is not None and (largest < 1 or floor > budget) else largest
+    fixed = max(max(p) if b == 0 else p[0] for b, p in phases.items())
+    small, large = sizes[0], sizes[-1]
+    peak, largest = fixed, None if fixed > budget else 10**9
+    for phase in (1, 2):
+        p1, p2 = phases[small][phase], phases[large][phase]
+        slope = max(0.0, (p2 - p1) / (large - small))
+        peak = max(peak, int(p2 + slope * (batch - large)), p2)
+        if largest is not None and slope > 0:
+            largest = min(largest, int(large + (budget - p2) / slope))
+    largest = None if largest is None or largest < 1 or largest == 10**9 else largest
     fits = peak <= budget
     verdict = "fits" if fits else f"too big for {margin:.0%} of it"
     if not fits:
@@ -729,7 +765,6 @@ def fits_predicted(margin: float = 0.9) -> Iterator[None]:
 
 
 def _predicted_fit(fit: Callable[..., Any], margin: float) -> Callable[..., Any]:
-    import functools
     import inspect
 
     signature = inspect.signature(fit)
@@ -739,20 +774,28 @@ def _predicted_fit(fit: Callable[..., Any], margin: float) -> Callable[..., Any]
         global _predicting
         if _predicting:
             return fit(self, *args, **kwargs)
-        given = signature.bind_partial(self, *args, **kwargs).arguments
+        try:
+            given = signature.bind_partial(self, *args, **kwargs).arguments
+        except TypeError:  # Keras says what is wrong with the call
+            return fit(self, *args, **kwargs)
         names = ("batch_size", "validation_data", "validation_split", "validation_batch_size",
                  "shuffle", "class_weight", "sample_weight", "callbacks")  # fmt: skip
         _predicting = True
-        try:
+        try:  # a prediction that fails leaves the fit to run as the user wrote it
             prediction = predict_fit(
                 self, given.get("x"), given.get("y"), margin=margin, verbose=False,
                 **{name: given[name] for name in names if given.get(name) is not None},
             )  # fmt: skip
+            said = prediction.message
+        except Exception as error:
+            prediction = None
+            said = _wrapped(f"kerasmagic: this fit was not predicted ({type(error).__name__}: "
+                            f"{error}); it runs as written")  # fmt: skip
         finally:
             _predicting = False
-        print(prediction.message)
-        if prediction.fits is False:
-            raise MemoryError(" ".join(prediction.message.split()[1:]) + " Not started.")
+        print(said)
+        if prediction is not None and prediction.fits is False:
+            raise MemoryError(" ".join(said.split()[1:]) + " Not started.")
         return fit(self, *args, **kwargs)
 
     return predicted
