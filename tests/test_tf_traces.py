@@ -52,7 +52,7 @@ def test_report_names_the_cleared_function(
 ) -> None:
     run(kip, STEP)
     run(kip, LOOP)
-    run(kip, LOOP.replace(" -q", ""))
+    run(kip, LOOP.replace(" -q", " -v"))  # the detail under the line names what was released
     assert "cleared 1 trace of tf.function train_step" in capsys.readouterr().out
 
 

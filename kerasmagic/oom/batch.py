@@ -722,8 +722,8 @@ def _predicted(
         p1, p2 = phases[small][phase], phases[large][phase]
         slope = max(0.0, (p2 - p1) / (large - small))
         peak = max(peak, int(p2 + slope * (batch - large)), p2)
-        if largest is not None and slope > 0:
-            largest = min(largest, int(large + (budget - p2) / slope))
+        if largest is not None and slope > 0:  # named with the probes' worst case, as they ran
+            largest = min(largest, int(large + (budget - p2) / (GROWTH * slope)))
     largest = None if largest is None or largest < 1 or largest == 10**9 else largest
     fits = peak <= budget
     verdict = "fits" if fits else f"too big for {margin:.0%} of it"
