@@ -428,7 +428,7 @@ def test_after_an_oom_the_size_that_fitted_fits_again(
         content, text = kernel_run(client, recover, timeout_s=180)
         assert content["status"] == "ok", text  # the size that fitted fits again
         back = kernel_value(client, in_use)
-        if pattern == "build" and abs(back - fitted) > fitted / 10:
+        if abs(back - fitted) > fitted / 10:  # seen with "build", and "predict" on TF 2.20
             # On TF 2.16 / Keras 3.3 and 2.17 / 3.5 the first re-run after the failed build
             # counts up to one weight more (2.17: 80.0 -> 96.2 MB, twice; 2.16, measured
             # fitted -> re-run -> next re-run: 76.3 -> 91.6 -> 78.3 MB, 72.4 -> 76.6 -> 73.4,
