@@ -20,21 +20,17 @@ if TYPE_CHECKING:
     from kerasmagic.oom.batch import FitPrediction, find_batch_size, predict_fit
     from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
 
-_LAZY = {
-    "reset": "kerasmagic.cleanup",
-    "fresh": "kerasmagic.cleanup",
-    "CleanupReport": "kerasmagic.cleanup",
-    "take_snapshot": "kerasmagic.snapshot",
-    "MemorySnapshot": "kerasmagic.snapshot",
-    "diff": "kerasmagic.snapshot",
-    "run_isolated": "kerasmagic.isolate.api",
-    "isolated": "kerasmagic.isolate.api",
-    "sweep": "kerasmagic.isolate.api",
-    "live_models": "kerasmagic.cleanup.holders",
-    "history": "kerasmagic.live",
-    "find_batch_size": "kerasmagic.oom.batch",
-    "predict_fit": "kerasmagic.oom.batch",
-    "FitPrediction": "kerasmagic.oom.batch",
+_LAZY = {  # public name -> the module that defines it, imported on first use
+    name: module
+    for module, names in {
+        "kerasmagic.cleanup": "reset fresh CleanupReport",
+        "kerasmagic.snapshot": "take_snapshot MemorySnapshot diff",
+        "kerasmagic.isolate.api": "run_isolated isolated sweep",
+        "kerasmagic.cleanup.holders": "live_models",
+        "kerasmagic.live": "history",
+        "kerasmagic.oom.batch": "find_batch_size predict_fit FitPrediction",
+    }.items()
+    for name in names.split()
 }
 
 __all__ = [

@@ -66,8 +66,7 @@ def remaining_s(done: int, total: int, elapsed_s: float, first_s: float) -> floa
     """Estimate the seconds left from the pace since the first model (which pays the imports)."""
     if done < 2 or done >= total:
         return None
-    pace = (elapsed_s - first_s) / (done - 1)
-    return pace * (total - done)
+    return (elapsed_s - first_s) / (done - 1) * (total - done)  # the pace, times what is left
 
 
 class StepProgress:
@@ -75,13 +74,9 @@ class StepProgress:
 
     def __init__(self, stream: TextIO, label: str, total: int, unit: str = "models") -> None:
         self.stream, self.label, self.total, self.unit = stream, label, total, unit
-        self.live = stream.isatty()
-        self.done = 0
-        self._start = time.monotonic()
-        self._first_s = 0.0
-        self._width = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self.live, self.done, self._start = stream.isatty(), 0, time.monotonic()
+        self._first_s, self._width = 0.0, 0
+        self._lock, self._stop = threading.Lock(), threading.Event()
         self._ticker: threading.Thread | None = None
 
     def __enter__(self) -> StepProgress:
@@ -89,8 +84,7 @@ class StepProgress:
             self._ticker = threading.Thread(target=self._tick, daemon=True)
             self._ticker.start()
         else:
-            self.stream.write(f"{self.label}: started\n")
-            self.stream.flush()
+            self._draw(f"{self.label}: started", final=True)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -101,11 +95,7 @@ class StepProgress:
         ok = exc[0] is None
         end = f"{self.done}/{self.total} {self.unit} in {elapsed:.0f} s" if ok else "stopped"
         with self._lock:
-            if self.live:
-                self._draw(f"{self.label}: {end}", final=True)
-            else:
-                self.stream.write(f"{self.label}: {end}\n")
-            self.stream.flush()
+            self._draw(f"{self.label}: {end}", final=True)
 
     def update(self, done: int) -> None:
         """Record that ``done`` units are finished, and redraw on a terminal."""
@@ -152,11 +142,14 @@ class StepProgress:
                 self._draw(self.line(_columns()))
 
     def _draw(self, text: str, final: bool = False) -> None:
-        text = text[: _columns() - 1]
-        pad = " " * max(0, self._width - len(text))
-        self.stream.write("\r" + text + pad + ("\n" if final else ""))
+        """Redraw the line on a terminal (``final``: and end it); in a pipe, write a ``final``
+        line whole."""
+        if self.live:
+            text = text[: _columns() - 1]
+            pad, self._width = " " * max(0, self._width - len(text)), 0 if final else len(text)
+            text = "\r" + text + pad
+        self.stream.write(text + ("\n" if final else ""))
         self.stream.flush()
-        self._width = 0 if final else len(text)
 
 
 def _columns() -> int:
@@ -224,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def demo(models: int, samples: int, folds: bool = True) -> int:
     """Run every variant in its own process with a progress line, then print the table; then
-    the folds under a capped allocator, and the outcome in words."""
+    the folds under a capped allocator, by hand and with kerasmagic, and the outcome in words."""
     print(
         f"Building, fitting and predicting {models} small Keras models per variant "
         f"({samples} x 100 inputs, CPU), each variant in a fresh process.",
@@ -235,32 +228,25 @@ def demo(models: int, samples: int, folds: bool = True) -> int:
     for step, (variant, label) in enumerate(VARIANTS.items(), start=1):
         with StepProgress(sys.stdout, f"[{step}/{steps}] {label}", models) as progress:
             results.append(run_variant_process(variant, models, samples, 5, progress.update))
-    print()
-    print(table(results))
-    keras_slope = results[1].rss_mb_per_model
-    ours = results[2].rss_mb_per_model
+    print(f"\n{table(results)}")
+    keras_slope, ours = results[1].rss_mb_per_model, results[2].rss_mb_per_model
     print(
         f"\nkerasmagic keeps {max(ours, 0):.3f} MB per model where Keras's own cleanup keeps "
         f"{keras_slope:.2f} MB."
     )
-    if folds:
-        demo_folds(len(VARIANTS), steps)
-    return 0
-
-
-def demo_folds(done: int, steps: int) -> None:
-    """The K-fold loop under a capped allocator, by hand and with kerasmagic, in words."""
+    if not folds:
+        return 0
     print(
         f"\nNow {FOLDS} folds of a 256-1024-1024-10 model in one loop, with TensorFlow's "
         f"allocator capped at {CAP_MB} MB as a GPU's memory is (TF's GPU allocator on the CPU).",
         flush=True,
     )
     outcome = {}
-    for step, (variant, (label, _, _)) in enumerate(FOLD_VARIANTS.items(), start=done + 1):
-        title = f"[{step}/{steps}] {label}"
-        with StepProgress(sys.stdout, title, FOLDS, unit="folds") as progress:
+    for step, (variant, (label, _, _)) in enumerate(FOLD_VARIANTS.items(), start=len(VARIANTS) + 1):
+        with StepProgress(sys.stdout, f"[{step}/{steps}] {label}", FOLDS, "folds") as progress:
             outcome[variant] = run_folds(variant, progress.update)
     print(f"\nhand cleanup {outcome['hand'].words()}; kerasmagic {outcome['kerasmagic'].words()}.")
+    return 0
 
 
 if __name__ == "__main__":

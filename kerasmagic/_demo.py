@@ -79,14 +79,8 @@ def run_loop(
             gc.collect()
         if name and variant != "none":
             cleanup.append(time.perf_counter() - start)
-        model = keras.Sequential(
-            [
-                keras.Input((100,)),
-                keras.layers.Dense(256, activation="relu"),
-                keras.layers.Dense(256, activation="relu"),
-                keras.layers.Dense(10),
-            ]
-        )
+        hidden = [keras.layers.Dense(256, activation="relu") for _ in range(2)]
+        model = keras.Sequential([keras.Input((100,)), *hidden, keras.layers.Dense(10)])
         model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         model.fit(x, y, epochs=1, verbose=0)
         model.predict(x[:256], verbose=0)
@@ -98,15 +92,9 @@ def run_loop(
         objects.append(float(len(gc.get_objects())) if works("cpython.referrers") else 0.0)
         if on_model is not None:
             on_model(len(rss))
-    return LoopResult(
-        variant,
-        models,
-        round(slope(rss, skip), 4),
-        round(slope(objects, skip), 1),
-        None if not cleanup else round(sorted(cleanup)[len(cleanup) // 2], 4),
-        [round(r, 2) for r in rss],
-        name,
-    )
+    slopes = round(slope(rss, skip), 4), round(slope(objects, skip), 1)
+    median = None if not cleanup else round(sorted(cleanup)[len(cleanup) // 2], 4)
+    return LoopResult(variant, models, *slopes, median, [round(r, 2) for r in rss], name)
 
 
 def run_variant_process(
@@ -118,44 +106,44 @@ def run_variant_process(
 ) -> LoopResult:
     """Run one variant in a fresh Python process and return its result; ``on_progress(n)`` is
     called in this process as the child finishes its n-th model."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, "-m", "kerasmagic._demo", variant, str(models), str(samples), str(skip)]
+    found: list[dict[str, Any]] = []
+
+    def take(message: dict[str, Any]) -> None:
+        if "done" in message and on_progress is not None:
+            on_progress(int(message["done"]))
+        elif "variant" in message:
+            found.append(message)
+
+    code, err = _run_child([variant, str(models), str(samples), str(skip)], {}, take)
+    if code != 0 or not found:
+        raise RuntimeError(f"{variant} loop failed:\n{err}")
+    return LoopResult(**found[-1])
+
+
+def _run_child(
+    args: list[str], env: dict[str, str], take: Callable[[dict[str, Any]], None]
+) -> tuple[int, str]:
+    """Run ``python -m kerasmagic._demo ARGS`` on the CPU, pass each JSON object it prints to
+    ``take`` as it comes; return its exit status and the tail of its stderr."""
+    env = {**os.environ, **env, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "kerasmagic._demo", *args]
     # stderr goes to a file: TensorFlow may write more than a pipe holds while we read stdout.
     with tempfile.TemporaryFile("w+") as err:
         with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env) as proc:
             try:
-                result = _read_messages(proc, on_progress)
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    try:
+                        message = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(message, dict):
+                        take(message)
             except BaseException:  # Ctrl-C or a failing callback: stop the child, then re-raise
                 proc.kill()
                 raise
         err.seek(0)
-        if proc.returncode != 0 or result is None:
-            raise RuntimeError(f"{variant} loop failed:\n{err.read()[-3000:]}")
-    return LoopResult(**result)
-
-
-def _read_messages(
-    proc: subprocess.Popen[str], on_progress: Callable[[int], None] | None
-) -> dict[str, Any] | None:
-    """Pass the child's progress to ``on_progress`` until it closes stdout; return its result."""
-    result = None
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        message = _parse(line)
-        if "done" in message and on_progress is not None:
-            on_progress(int(message["done"]))
-        elif "variant" in message:
-            result = message
-    return result
-
-
-def _parse(line: str) -> dict[str, Any]:
-    """Return the child's JSON message on ``line`` (an empty dict for anything else)."""
-    try:
-        message = json.loads(line)
-    except ValueError:
-        return {}
-    return message if isinstance(message, dict) else {}
+        return proc.returncode, err.read()[-3000:]
 
 
 def table(results: list[LoopResult]) -> str:
@@ -177,9 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     result as the last JSON line."""
     parser = argparse.ArgumentParser()
     parser.add_argument("variant", choices=sorted(VARIANTS))
-    parser.add_argument("models", type=int)
-    parser.add_argument("samples", type=int)
-    parser.add_argument("skip", type=int)
+    for number in ("models", "samples", "skip"):
+        parser.add_argument(number, type=int)
     args = parser.parse_args(argv)
 
     def report(done: int) -> None:
@@ -273,41 +260,24 @@ def run_in_shell(variant: str) -> int:
 
 def run_folds_process(variant: str, on_fold: Callable[[int], None] | None = None) -> FoldsResult:
     """Run one variant in a fresh capped process; ``on_fold(n)`` as it finishes fold n."""
-    env = {**os.environ, **CAP_ENV, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, "-m", "kerasmagic._demo", "folds", variant]
     result = FoldsResult(variant)
-    with tempfile.TemporaryFile("w+") as err:
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env) as proc:
-            try:
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    _take(result, line, on_fold)
-            except BaseException:  # Ctrl-C or a failing callback: stop the child, then re-raise
-                proc.kill()
-                raise
-        if proc.returncode != 0 and result.error is None:
-            # TF 2.21's capped CPU allocator can crash, rather than raise, when it runs out
-            # inside a traced step: the process is gone, and so is its memory.
-            result.error = f"the process died (exit {proc.returncode}) out of memory"
-            if result.folds == 0:
-                err.seek(0)
-                raise RuntimeError(f"{variant} folds failed:\n{err.read()[-3000:]}")
+
+    def take(message: dict[str, Any]) -> None:
+        if "fold" in message:
+            result.in_use_bytes.append(int(message["in_use"]))
+            if on_fold is not None:
+                on_fold(result.folds)
+        elif "error" in message:
+            result.error = str(message["error"])
+
+    code, err = _run_child(["folds", variant], CAP_ENV, take)
+    if code != 0 and result.error is None:
+        # TF 2.21's capped CPU allocator can crash, rather than raise, when it runs out
+        # inside a traced step: the process is gone, and so is its memory.
+        result.error = f"the process died (exit {code}) out of memory"
+        if result.folds == 0:
+            raise RuntimeError(f"{variant} folds failed:\n{err}")
     return result
-
-
-def _take(result: FoldsResult, line: str, on_fold: Callable[[int], None] | None) -> None:
-    try:
-        message = json.loads(line)
-    except ValueError:
-        return
-    if not isinstance(message, dict):
-        return
-    if "fold" in message:
-        result.in_use_bytes.append(int(message["in_use"]))
-        if on_fold is not None:
-            on_fold(result.folds)
-    elif "error" in message:
-        result.error = str(message["error"])
 
 
 if __name__ == "__main__":

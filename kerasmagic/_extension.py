@@ -19,7 +19,7 @@ from kerasmagic.cells.run import RUNNERS
 from kerasmagic.cleanup import pin_mmap_threshold
 from kerasmagic.compat import notes_at_load, say_once, unwatch, watch
 from kerasmagic.compat.registry import works
-from kerasmagic.shellstate import ShellState, any_loaded, forget, register, state_of
+from kerasmagic.shellstate import STATES, ShellState, state_of
 
 PARTS: tuple[tuple[str, str], ...] = (
     ("oom", "kerasmagic.oom.explain"),  # explains an OOM; before the monitor, whose record has it
@@ -43,14 +43,13 @@ def load(shell: Any) -> None:
     if state_of(shell) is not None:
         return
     magics = KerasMagics(shell=shell)
-    state = ShellState(shell, magics)
-    register(state)
+    state = STATES[id(shell)] = ShellState(shell, magics)
     try:
         shell.register_magics(magics)
         for name, module in PARTS:
             state.parts[name] = _part(module).load(state)
     except BaseException:
-        _unload(state)  # never half loaded: a retry starts from nothing
+        unload(shell)  # never half loaded: a retry starts from nothing
         raise
     run_code = getattr(type(shell), "run_code", None) if works("ipython.run_code", shell) else None
     runners = (*RUNNERS, run_code)
@@ -66,29 +65,24 @@ def load(shell: Any) -> None:
 def unload(shell: Any) -> None:
     """Remove the magics, the parts and every patch; leave the user's namespace as it is."""
     state = state_of(shell)
-    if state is not None:
-        _unload(state)
-
-
-def _unload(state: ShellState) -> None:
-    """Unload the parts loaded so far (newest first), the magics, then the state itself."""
-    for name, module in reversed(PARTS):
+    if state is None:
+        return
+    for name, module in reversed(PARTS):  # the parts loaded so far, newest first
         if name in state.parts:
             _part(module).unload(state, state.parts.pop(name))
-    shell, magics = state.shell, state.magics
-    manager = shell.magics_manager
+    magics, manager = state.magics, shell.magics_manager
     ours = works("ipython.magics", shell)  # moved: said once, by compat; the magics stay
     for kind, names in magics.magics.items() if ours else ():
-        for name in names:
-            if manager.magics[kind].get(name) is not None and _owner(manager, kind, name) is magics:
+        for name in names:  # ours only: not one another extension registered since
+            if getattr(manager.magics[kind].get(name), "__self__", None) is magics:
                 manager.magics[kind].pop(name, None)
     if ours and manager.registry.get(type(magics).__name__) is magics:
         manager.registry.pop(type(magics).__name__, None)
     configurables = getattr(shell, "configurables", [])  # Magics.__init__ appended it there
     if magics in configurables:
         configurables.remove(magics)
-    forget(shell)
-    if not any_loaded():
+    STATES.pop(id(shell), None)
+    if not STATES:
         unwatch()
         backends.detach()
         if "kerasmagic.probes.nvml" in sys.modules:  # never imported: nothing to stop
@@ -100,14 +94,3 @@ def _part(path: str) -> Any:
     module, _, attribute = path.partition(":")
     found = importlib.import_module(module)
     return getattr(found, attribute) if attribute else found
-
-
-def _owner(manager: Any, kind: str, name: str) -> Any:
-    """Return the Magics instance a registered magic is a bound method of."""
-    return getattr(manager.magics[kind].get(name), "__self__", None)
-
-
-def magics_for(shell: Any) -> Any | None:
-    """Return the loaded KerasMagics of ``shell``, or None if the extension is not loaded."""
-    state = state_of(shell)
-    return None if state is None else state.magics

@@ -33,15 +33,11 @@ def library_file(path: str) -> bool:
         return False  # a terminal IPython cell
     if path.startswith("<") or path.startswith(_STDLIB) or any(p in path for p in _INSTALLED):
         return True
-    prefixes = (sys.base_prefix, sys.prefix, *_site_packages())
-    return any(path.startswith(prefix) for prefix in prefixes if prefix)
-
-
-def _site_packages() -> tuple[str, ...]:
     try:
-        return tuple(site.getsitepackages())
+        packages = site.getsitepackages()
     except AttributeError:  # a virtualenv's old site module
-        return ()
+        packages = []
+    return any(path.startswith(p) for p in (sys.base_prefix, sys.prefix, *packages) if p)
 
 
 def user_module(name: object) -> bool:
@@ -71,9 +67,7 @@ class AfterImport(importlib.abc.MetaPathFinder):
     def __init__(
         self, names: Sequence[str], callback: Callable[..., None], named: bool = False
     ) -> None:
-        self._names = frozenset(names)
-        self._callback = callback
-        self._named = named
+        self._names, self._callback, self._named = frozenset(names), callback, named
         self._finding = threading.local()  # the other finders may import: not through us
 
     def install(self) -> None:
@@ -93,8 +87,14 @@ class AfterImport(importlib.abc.MetaPathFinder):
         if fullname not in self._names or getattr(self._finding, "on", False):
             return None
         self._finding.on = True
-        try:
-            spec = _spec_from_others(self, fullname, path, target)
+        spec: ModuleSpec | None = None
+        try:  # the real spec: the first other finder's
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if finder is not self and find is not None:
+                    spec = find(fullname, path, target)
+                    if spec is not None:
+                        break
         finally:
             self._finding.on = False
         if spec is None or spec.loader is None:
@@ -104,25 +104,11 @@ class AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _spec_from_others(
-    me: Any, fullname: str, path: Sequence[str] | None, target: ModuleType | None
-) -> ModuleSpec | None:
-    for finder in list(sys.meta_path):
-        find = getattr(finder, "find_spec", None)
-        if finder is me or find is None:
-            continue
-        spec: ModuleSpec | None = find(fullname, path, target)
-        if spec is not None:
-            return spec
-    return None
-
-
 class _ThenCall(importlib.abc.Loader):
     """A loader that runs the real one's module, then the callback."""
 
     def __init__(self, loader: Any, callback: Callable[[], None]) -> None:
-        self._loader = loader
-        self._callback = callback
+        self._loader, self._callback = loader, callback
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         module: ModuleType | None = self._loader.create_module(spec)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import json
 import keyword
 import logging
@@ -35,11 +36,17 @@ from kerasmagic.views.render import (
     freed_row,
     model_rows,
     off_rows,
+    show,
     snapshot_rows,
     variable_rows,
 )
 
+flag = functools.partial(argument, action="store_true")  # an @argument that is a switch
 ISOLATE_FLAGS = ("inputs", "outputs", "timeout", "gpus", "on")
+NO_PEAK = (
+    "no allocator peak to reset (no device keeps statistics, or the backend has not started "
+    "its devices)"
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +105,7 @@ def megabytes(text: str) -> int:
     except ValueError:
         value = 0
     if not 1 <= value <= MAX_LIMIT_MB:
-        msg = f"expected a whole number of megabytes from 1 to {MAX_LIMIT_MB}, got {text!r}"
+        msg = f"expected whole megabytes, 1 to {MAX_LIMIT_MB}, got {text!r}"
         raise argparse.ArgumentTypeError(_short(msg))
     return value
 
@@ -114,13 +121,10 @@ def keep_names(raw: Iterable[str], known: Collection[str], assigned: Collection[
         if not name.isidentifier() or keyword.iskeyword(name):
             raise UsageError(_short(f"--keep: {name!r} is not a Python name"))
         if name not in known and name not in assigned:
-            raise UsageError(_short(f"--keep: no variable {name!r}{_did_you_mean(name, known)}"))
+            close = difflib.get_close_matches(name, [k for k in known if k[:1] != "_"], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else " in the namespace"
+            raise UsageError(_short(f"--keep: no variable {name!r}{hint}"))
     return names
-
-
-def _did_you_mean(name: str, known: Collection[str]) -> str:
-    close = difflib.get_close_matches(name, [k for k in known if not k.startswith("_")], n=1)
-    return f"; did you mean {close[0]!r}?" if close else " in the namespace"
 
 
 @magics_class
@@ -156,26 +160,21 @@ class KerasMagics(Magics):
         return self.shell
 
     @magic_arguments()
-    @argument(
+    @flag(
         "--live",
-        action="store_true",
         help="Show a widget that updates after every cell and while cells run "
         "(one line per cell in terminal IPython).",
     )
-    @argument("--history", action="store_true", help="Show the per-cell memory history.")
-    @argument("--plot", action="store_true", help="Plot RSS/VRAM per cell (needs matplotlib).")
-    @argument("--json", action="store_true", help="Print the snapshot as JSON.")
-    @argument(
-        "--reset-peak", action="store_true", help="Reset the backend's per-GPU peak counters."
-    )
-    @argument(
+    @flag("--history", help="Show the per-cell memory history.")
+    @flag("--plot", help="Plot RSS/VRAM per cell (needs matplotlib).")
+    @flag("--json", help="Print the snapshot as JSON.")
+    @flag("--reset-peak", help="Reset the backend's per-GPU peak counters.")
+    @flag(
         "--deep",
-        action="store_true",
         help="List every live Keras model with its size and what holds it (slow: scans gc).",
     )
-    @argument(
+    @flag(
         "--growth",
-        action="store_true",
         help="GPU memory on demand, not all at start: TF memory growth, JAX without "
         "pre-allocation (only before the backend starts its GPUs).",
     )
@@ -186,7 +185,7 @@ class KerasMagics(Magics):
         help="Cap the Keras backend (TF, JAX, PyTorch) at MB megabytes per GPU (TF and JAX: "
         "only before they start their GPUs).",
     )
-    @argument("-h", "--help", action="store_true", help="Show this help; run nothing.")
+    @flag("-h", "--help", help="Show this help; run nothing.")
     @no_var_expand  # a line is options, not code: and expanding an 80 KB line took minutes
     @line_magic
     def gpu_mem(self, line: str) -> None:
@@ -205,8 +204,6 @@ class KerasMagics(Magics):
                 "run them as two lines"
             )
         if views:
-            from kerasmagic.views.render import show
-
             show(self.ip, live=args.live, history=args.history, plot=args.plot)
             return
         if args.growth or args.limit is not None:
@@ -215,20 +212,16 @@ class KerasMagics(Magics):
             except (ValueError, ImportError) as exc:
                 raise UsageError(str(exc)) from None
         if args.reset_peak:
-            done = reset_peaks()
-            print(
-                f"kerasmagic: peak reset on {', '.join(done)}"
-                if done
-                else "kerasmagic: no allocator peak to reset (no device keeps statistics, or "
-                "the backend has not started its devices)"
-            )
+            done = ", ".join(reset_peaks())
+            print(f"kerasmagic: peak reset on {done}" if done else f"kerasmagic: {NO_PEAK}")
         check_now(self.ip)  # a framework imported since: what is off there is listed too
-        snap = take_snapshot(self.ip.user_ns)
-        models = live_models(self.ip.user_ns) if args.deep else None
-        data_vars = largest_variables(self.ip.user_ns) if args.deep else None
+        namespace = self.ip.user_ns
+        snap = take_snapshot(namespace)
+        models = live_models(namespace) if args.deep else []
+        data_vars = largest_variables(namespace) if args.deep else []
         if args.json:
             data: dict[str, Any] = snap.to_dict()
-            if models is not None and data_vars is not None:
+            if args.deep:
                 data["models"] = [dataclasses.asdict(m) for m in models]
                 data["variables"] = [dataclasses.asdict(v) for v in data_vars]
             data["off"] = [found.to_dict() for found in registry.off()]
@@ -236,47 +229,42 @@ class KerasMagics(Magics):
             return
         rows = snapshot_rows(snap) + off_rows(registry.off())
         display(Table(f"kerasmagic: memory of kernel pid {snap.pid}", rows))
-        if models is not None and data_vars is not None:
+        if args.deep:
             rows = model_rows(models) + freed_row(last_report())
             count = sum(m.kind == "model" for m in models)  # not the loose state listed after
             named = snap.keras.live_models
-            title = f"{count} live Keras model{'s' if count != 1 else ''}" + (
+            s, them = ("", "it") if count == 1 else ("s", "them")
+            title = f"{count} live Keras model{s}" + (
                 "" if named is None else f" ({named} named in the notebook)"
             )
-            them = "them" if count != 1 else "it"
             display(Table(f"{title}: what holds {them}, what frees {them}", rows))
             display(Table("largest data in the namespace", variable_rows(data_vars)))
 
     @magic_arguments()
-    @argument(
+    @flag(
         "--all",
-        action="store_true",
         dest="drop_all",
         help="Drop every model in the namespace (and in its lists/dicts), not only stale ones.",
     )
     @argument("--keep", nargs="+", default=[], metavar="NAME", help="Never drop these names.")
-    @argument(
+    @flag(
         "--dry-run",
-        action="store_true",
         help="Only report what would be dropped; clean nothing and do not run the cell.",
     )
-    @argument("-q", "--quiet", action="store_true", help="Print no report.")
-    @argument(
+    @flag("-q", "--quiet", help="Print no report.")
+    @flag(
         "-v",
         "--verbose",
-        action="store_true",
         help="Show what the cleanup did in full under the report line (in a notebook it is one "
         "click away: the line's ▸).",
     )
-    @argument(
+    @flag(
         "--predict",
-        action="store_true",
         help="Before each fit in the cell, predict its peak memory (one line); a fit that would "
         "not fit stops before its first step, naming the batch that fits.",
     )
-    @argument(
+    @flag(
         "--isolate",
-        action="store_true",
         help="Run the cell in a fresh Python process; all its memory is freed when it ends.",
     )
     @argument("--inputs", nargs="+", metavar="NAME", help="Notebook names sent to --isolate.")
@@ -288,7 +276,7 @@ class KerasMagics(Magics):
         help='GPUs of the isolated process: "0", "0,1", "" for CPU; with --on ray: GPUs per run.',
     )
     @argument("--on", metavar="BACKEND", help="Run the isolated cell on ray or ray://host:port.")
-    @argument("-h", "--help", action="store_true", help="Show this help; run nothing.")
+    @flag("-h", "--help", help="Show this help; run nothing.")
     @no_var_expand
     @cell_magic
     def fresh_model(self, line: str, cell: str) -> Any:

@@ -27,28 +27,13 @@ class ShellState:
         return self.parts.get(name)
 
 
-_states: dict[int, ShellState] = {}  # id(shell) -> its state: the one registry by shell
+STATES: dict[int, ShellState] = {}  # id(shell) -> its state: the one registry by shell
 
 
 def state_of(shell: Any) -> ShellState | None:
     """Return the state of ``shell`` while the extension is loaded there, else None."""
-    state = _states.get(id(shell))
+    state = STATES.get(id(shell))
     return state if state is not None and state.shell is shell else None
-
-
-def register(state: ShellState) -> None:
-    """Make ``state`` the shell's (the extension does this before loading the parts)."""
-    _states[id(state.shell)] = state
-
-
-def forget(shell: Any) -> ShellState | None:
-    """Remove and return the state of ``shell`` (unload, or a load rolled back)."""
-    return _states.pop(id(shell), None)
-
-
-def any_loaded() -> bool:
-    """Return whether the extension is loaded in any shell of this process."""
-    return bool(_states)
 
 
 def current() -> ShellState | None:

@@ -53,34 +53,6 @@ class Headline:
     reserved_bytes: int | None = None  # NVML: what the process holds on its GPUs (allocator)
 
 
-def headline(snap: MemorySnapshot) -> Headline:
-    """Return the figure ``snap``'s views lead with."""
-    gpus = snap.gpu.devices
-    backend = snap.backend
-    counted = [d for d in backend.devices if d.in_use_bytes is not None] if backend else []
-    if gpus and backend is not None and counted:
-        on_gpu = [d for d in counted if d.kind == "gpu"] or counted
-        limits = [
-            device_limit(backend.name, d.name, gpus, d.limit_bytes, snap.ram.total_bytes)
-            for d in on_gpu
-        ]
-        known = [lim for lim in limits if lim is not None]
-        label = f"{LABELS.get(backend.name, backend.name)}'s tensors on "
-        return Headline(
-            "allocator",
-            label + ", ".join(d.name for d in on_gpu),
-            sum(d.in_use_bytes or 0 for d in on_gpu),
-            sum(lim.bytes for lim in known) if len(known) == len(limits) else None,
-            known[0].source if len(known) == 1 else None,
-            snap.gpu_used_bytes,
-        )
-    if gpus and snap.gpu_used_bytes is not None:
-        total = sum(d.total_bytes for d in gpus)
-        return Headline("vram", "this kernel's VRAM", snap.gpu_used_bytes, total, "the GPUs")
-    ram = snap.ram
-    return Headline("rss", "this kernel's RAM (RSS)", ram.rss_bytes, ram.total_bytes, "host RAM")
-
-
 # -- as_dict: dataclasses.asdict for the snapshot types, without its deep copies ----------
 # A snapshot has ~100 leaves and is serialised after every cell for the sidebar; asdict
 # deep-copies each leaf. Its types hold only numbers, strings, None, tuples, lists and dicts.
@@ -141,7 +113,30 @@ class MemorySnapshot:
     @property
     def headline(self) -> Headline:
         """Return the figure every view leads with: what runs out, against its limit."""
-        return headline(self)
+        gpus, backend, ram = self.gpu.devices, self.backend, self.ram
+        counted = [d for d in backend.devices if d.in_use_bytes is not None] if backend else []
+        if gpus and backend is not None and counted:
+            on_gpu = [d for d in counted if d.kind == "gpu"] or counted
+            limits = [
+                device_limit(backend.name, d.name, gpus, d.limit_bytes, ram.total_bytes)
+                for d in on_gpu
+            ]
+            known = [lim for lim in limits if lim is not None]
+            label = f"{LABELS.get(backend.name, backend.name)}'s tensors on "
+            return Headline(
+                "allocator",
+                label + ", ".join(d.name for d in on_gpu),
+                sum(d.in_use_bytes or 0 for d in on_gpu),
+                sum(lim.bytes for lim in known) if len(known) == len(limits) else None,
+                known[0].source if len(known) == 1 else None,
+                self.gpu_used_bytes,
+            )
+        if gpus and self.gpu_used_bytes is not None:
+            total = sum(d.total_bytes for d in gpus)
+            return Headline("vram", "this kernel's VRAM", self.gpu_used_bytes, total, "the GPUs")
+        return Headline(
+            "rss", "this kernel's RAM (RSS)", ram.rss_bytes, ram.total_bytes, "host RAM"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict (``version`` first) that ``json.dumps`` accepts."""
@@ -194,8 +189,7 @@ class SnapshotDelta:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict for JSON."""
-        data: dict[str, Any] = as_dict(self)
-        return data
+        return dict(as_dict(self))
 
 
 def _minus(after: int | None, before: int | None) -> int | None:

@@ -8,13 +8,18 @@ def fmt_bytes(n: int | None) -> str:
     if n is None:
         return "n/a"
     sign, value = ("-" if n < 0 else ""), float(abs(n))
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if value < 1024 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024:
             return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
         value /= 1024
-    raise AssertionError("unreachable")
+    return f"{sign}{value:.1f} TB"
 
 
 def signed_bytes(n: int | None) -> str:
     """Return a change in bytes with its sign (``+1.2 MB``, ``-3.0 KB``); ``n/a`` for None."""
     return "n/a" if n is None else ("+" if n >= 0 else "") + fmt_bytes(n)
+
+
+def reserved_text(reserved: int) -> str:
+    """Name NVML's reservation beside what runs out (``kerasmagic/snapshot.py``'s headline)."""
+    return f"{fmt_bytes(reserved)} reserved on the GPU (NVML)"

@@ -478,7 +478,7 @@ def test_gpu_mem_limit_must_be_megabytes(
 ) -> None:
     ip.run_cell(f"%gpu_mem --limit {value}")
     text = output(capsys)
-    assert text.startswith("UsageError: argument --limit: expected a whole number of megabytes")
+    assert text.startswith("UsageError: argument --limit: expected whole megabytes, 1 to")
     assert text.strip().count("\n") == 0
 
 

@@ -102,7 +102,7 @@ def test_a_failing_read_walk_keeps_the_names_it_had_not_decided(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Whatever goes wrong in the walk, the cell still runs and nothing undecided is dropped."""
-    from kerasmagic.walk import near
+    from kerasmagic import walk as near
 
     def broken(code: object) -> frozenset[str]:
         raise RuntimeError("an object no walk foresaw")
@@ -153,8 +153,7 @@ def test_import_touches_neither_tensorflow_nor_nvml() -> None:
 
 def test_fast_model_count_agrees_with_the_path_walk() -> None:
     keras = pytest.importorskip("keras")
-    from kerasmagic.walk.near import count_models, walk
-    from kerasmagic.walk.state import callback_types, model_types, scan_order
+    from kerasmagic.walk import callback_types, count_models, model_types, scan_order, walk
 
     models = [keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]) for _ in range(4)]
     history = keras.callbacks.History()
@@ -264,7 +263,7 @@ class _Callback:
 def test_a_plan_walks_each_object_near_the_namespace_once(monkeypatch: Any) -> None:
     """``model``, ``Out[3]``, ``_3`` and ``_`` holding one container: one walk, each path its
     own; a callback's linked model is not state found in the container (its link is cut)."""
-    from kerasmagic.walk import near
+    from kerasmagic import walk as near
 
     walked: list[int] = []
     real = near._walk

@@ -17,7 +17,7 @@ def big():
     m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return m
 in_use = lambda: tf.config.experimental.get_memory_info("CPU:0")["current"]
-from kerasmagic.walk.deep import model_size_bytes
+from kerasmagic.walk import model_size_bytes
 """
 LOOP = """
 after = []

@@ -20,6 +20,7 @@ from kerasmagic.backends.tensorflow.graphs import (  # noqa: E402
     custom_gradient_count,
     purge_custom_gradients,
 )
+from kerasmagic.compat import registry  # noqa: E402
 
 X = np.random.default_rng(0).random((64, 4), dtype=np.float32)
 Y = np.random.default_rng(1).integers(0, 2, 64)
@@ -197,14 +198,15 @@ def is_cell(function: str) -> bool:
 @pytest.mark.parametrize("prefix", ["", "%%fresh_model -q\n"])
 def test_traces_end_at_the_notebook_cell(ip: object, prefix: str) -> None:
     """Frames above the cell (IPython, the kernel, kerasmagic's runner) are not recorded."""
-    from kerasmagic._extension import magics_for
+    from kerasmagic.shellstate import state_of
 
     shell: Any = ip
+    state: Any = state_of(shell)
     found = []
     for patched in (False, True):
         tfstack.uninstall()
         assert not patched or tfstack.install() is None
-        magics_for(shell).patch_stack_traces = patched  # else %%fresh_model's cleanup patches
+        state.magics.patch_stack_traces = patched  # else %%fresh_model's cleanup patches
         assert shell.run_cell(CELL_TRACES.format(prefix=prefix)).success
         found.append(shell.user_ns["traces"])
     native, ours = found
@@ -286,7 +288,7 @@ def test_a_failing_string_capture_falls_back_to_tensorflows_own(
         raise RuntimeError("a TensorFlow that changed under the patch")
 
     monkeypatch.setattr(tfstack, "find", broken)
-    monkeypatch.setattr(tfstack, "_failed", [])
+    monkeypatch.setattr(registry, "_said", set())  # the one say-once: nothing said yet
     was_installed = tfstack.installed()
     tfstack.uninstall()
     assert tfstack.install() is None

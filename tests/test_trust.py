@@ -61,7 +61,7 @@ def test_model_held_by_a_kept_objects_attribute_survives(kip: InteractiveShell) 
 def test_the_kept_walk_steps_over_numbers_and_strings() -> None:
     """A kept list of a million floats cost a million visits (~1 s per %%fresh_model cell);
     untracked objects hold no model, so the walk no longer visits them one by one."""
-    from kerasmagic.walk.deep import reachable
+    from kerasmagic.walk import reachable
 
     data = [[float(i), str(i)] for i in range(10_000)]
     walk = reachable([("data", data)], (), max_visits=10_001)
@@ -188,7 +188,7 @@ def test_a_big_kept_object_array_is_walked_for_models_only() -> None:
     that big only the models and callbacks stored in it are looked at."""
     import numpy as np
 
-    from kerasmagic.walk.deep import reachable
+    from kerasmagic.walk import reachable
 
     class Model:
         pass

@@ -70,44 +70,13 @@ class BackendInfo:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BackendInfo:
         """Rebuild from ``dataclasses.asdict`` output."""
-        return cls(
-            name=str(data["name"]),
-            version=data.get("version"),
-            keras=bool(data.get("keras", False)),
-            platform=data.get("platform"),
-            devices=tuple(BackendDevice(**d) for d in data.get("devices", ())),
-            caches={str(k): int(v) for k, v in dict(data.get("caches", {})).items()},
-            notes=tuple(data.get("notes", ())),
-        )
+        devices = tuple(BackendDevice(**d) for d in data.get("devices", ()))
+        caches = {str(k): int(v) for k, v in dict(data.get("caches", {})).items()}
+        keras, notes = bool(data.get("keras", False)), tuple(data.get("notes", ()))
+        name, version, platform = str(data["name"]), data.get("version"), data.get("platform")
+        return cls(name, version, keras, platform, devices, caches, notes)
 
 
-def _nothing() -> list[str]:
-    return []
-
-
-def _no_figure() -> int | None:
-    return None
-
-
-def _no_traces(
-    namespace: Mapping[str, Any], stale: Sequence[Any], roots: Sequence[Any]
-) -> list[str]:
-    return []
-
-
-def _no_graphs(model: Any) -> tuple[int | None, int | None]:
-    return None, None
-
-
-def _no_stack(stop_at: Sequence[CodeType], patch: bool) -> str | None:
-    return None
-
-
-def _no_purge(namespace: Mapping[str, Any]) -> int:
-    return 0
-
-
-Collect = Callable[[Callable[[], object]], list[str]]
 ClearTraces = Callable[[Mapping[str, Any], Sequence[Any], Sequence[Any]], list[str]]
 DeviceLimit = Callable[[str, Sequence[int], int | None], Limit | None]
 
@@ -131,7 +100,7 @@ class Backend:
     its gradient registry) and says what it released; ``release`` hands cached device blocks
     back to the driver after it.
 
-    The rest is what only some backends have (TensorFlow, today); the defaults do nothing:
+    The rest is what only some backends have (TensorFlow, today); None: nothing to do.
     ``allocated`` (the bytes its allocator holds now, the cleanup report's figure),
     ``read_light`` (``read`` without its slow figures, for the between-cell record) and
     ``refresh`` (``read`` off the main thread, keeping the per-thread figures of an earlier
@@ -149,18 +118,18 @@ class Backend:
     read: Callable[[], BackendInfo]
     reset: Callable[[], list[str]]
     configure: Callable[[bool, int | None], str]
-    reset_peaks: Callable[[], list[str]]
-    release: Callable[[], list[str]] = _nothing
-    collect: Collect | None = None
-    allocated: Callable[[], int | None] = _no_figure
+    reset_peaks: Callable[[], list[str]] | None = None
+    release: Callable[[], list[str]] | None = None
+    collect: Callable[[Callable[[], object]], list[str]] | None = None
+    allocated: Callable[[], int | None] | None = None
     read_light: Callable[[], BackendInfo] | None = None
     refresh: Callable[[BackendInfo], BackendInfo] | None = None
-    clear_traces: ClearTraces = _no_traces
-    traced: Callable[[Any], tuple[int | None, int | None]] = _no_graphs
-    registered: Callable[[], int | None] = _no_figure
-    purge: Callable[[Mapping[str, Any]], int] = _no_purge
-    attach: Callable[[Sequence[CodeType], bool], str | None] = _no_stack
-    detach: Callable[[], None] = lambda: None
+    clear_traces: ClearTraces | None = None
+    traced: Callable[[Any], tuple[int | None, int | None]] | None = None
+    registered: Callable[[], int | None] | None = None
+    purge: Callable[[Mapping[str, Any]], int] | None = None
+    attach: Callable[[Sequence[CodeType], bool], str | None] | None = None
+    detach: Callable[[], None] | None = None
     modes: Modes | None = None
     limit: DeviceLimit | None = None
 
@@ -231,26 +200,39 @@ def read_active(
     From a background thread, ``earlier`` (the last readings) gives what the thread cannot
     read afresh (TensorFlow's default graph is per thread): ``Backend.refresh``."""
     before = {info.name: info for info in earlier or ()}
+    light = light or earlier is not None
     out = []
     for b in active():
-        base, refresh = before.get(b.name), b.refresh
-        if earlier is not None and refresh is not None and base is not None:
-            read: Callable[[], BackendInfo] = functools.partial(refresh, base)
-        else:
-            read = b.read_light if (light or earlier is not None) and b.read_light else b.read
-        info = attempt(read, None, f"{b.name}.read")
-        if info is not None:
-            out.append(info)
-    return tuple(out)
+        base = before.get(b.name)
+        read = b.read_light if light and b.read_light else b.read
+        if b.refresh is not None and base is not None:
+            read = functools.partial(b.refresh, base)
+        out.append(attempt(read, None, f"{b.name}.read"))
+    return tuple(info for info in out if info is not None)
+
+
+def _each(
+    attr: str, *args: Any, site: str = "", every: bool = False, skip: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Return each backend in use's (``every``: each one's) ``attr(*args)``, by name, where it
+    has that field and is not in ``skip``; a failure (said once per ``site``, the field's name
+    unless given) or a None answer is left out."""
+    out = {}
+    for b in [get(n) for n in NAMES] if every else active():
+        call = getattr(b, attr)
+        if call is not None and b.name not in skip:
+            site_name = f"{b.name}.{site or attr}"
+            out[b.name] = attempt(functools.partial(call, *args), None, site_name)
+    return {name: answer for name, answer in out.items() if answer is not None}
+
+
+def _lines(attr: str, *args: Any, site: str = "", skip: Sequence[str] = ()) -> list[str]:
+    return [line for said in _each(attr, *args, site=site, skip=skip).values() for line in said]
 
 
 def reset_active(skip: tuple[str, ...] = ()) -> list[str]:
     """Reset every backend in use (caches, cached allocator blocks); return what was done."""
-    done: list[str] = []
-    for b in active():
-        if b.name not in skip:
-            done.extend(attempt(b.reset, [], f"{b.name}.reset"))
-    return done
+    return _lines("reset", skip=skip)
 
 
 def collect_active() -> list[str]:
@@ -266,7 +248,6 @@ def collect_active() -> list[str]:
 
 
 def _around(backend: Backend, inner: Callable[[], object], said: list[str]) -> None:
-    assert backend.collect is not None
     ran: list[bool] = []
 
     def collect() -> None:
@@ -274,6 +255,7 @@ def _around(backend: Backend, inner: Callable[[], object], said: list[str]) -> N
         inner()
 
     wrap = backend.collect
+    assert wrap is not None
     said.extend(attempt(lambda: wrap(collect), [], f"{backend.name}.collect"))
     if not ran:  # the backend's own work failed before it collected: collect anyway
         inner()
@@ -281,18 +263,12 @@ def _around(backend: Backend, inner: Callable[[], object], said: list[str]) -> N
 
 def release_active() -> list[str]:
     """After a collection: each backend in use hands its unused cached blocks back."""
-    done: list[str] = []
-    for b in active():
-        done.extend(attempt(b.release, [], f"{b.name}.release"))
-    return done
+    return _lines("release")
 
 
 def reset_peaks() -> list[str]:
     """Reset the peak counters of every backend in use; return the devices reset."""
-    done: list[str] = []
-    for b in active():
-        done.extend(attempt(b.reset_peaks, [], f"{b.name}.reset_peaks"))
-    return done
+    return _lines("reset_peaks")
 
 
 def configure_gpus(growth: bool = False, limit_mb: int | None = None) -> str:
@@ -301,16 +277,13 @@ def configure_gpus(growth: bool = False, limit_mb: int | None = None) -> str:
     if limit_mb is not None and limit_mb <= 0:
         raise ValueError("the memory limit must be a positive number of MB")
     name = chosen()
-    if name not in NAMES:
-        return unsupported(name)
-    return get(name).configure(growth, limit_mb)
+    return get(name).configure(growth, limit_mb) if name in NAMES else unsupported(name)
 
 
 def allocated() -> dict[str, int]:
     """Return the bytes each backend in use holds in its allocator now, Keras's own first,
     where the allocator says (the cleanup report's figure)."""
-    held = {b.name: attempt(b.allocated, None, f"{b.name}.allocated") for b in active()}
-    return {name: n for name, n in held.items() if n is not None}
+    return _each("allocated")
 
 
 def clear_traces(
@@ -318,53 +291,35 @@ def clear_traces(
 ) -> list[str]:
     """Drop what the backends in use traced of ``stale`` objects (reached from ``namespace``,
     keeping what ``roots`` still use); return what was done, in words."""
-    said: list[str] = []
-    for b in active():
-        said.extend(
-            attempt(
-                functools.partial(b.clear_traces, namespace, stale, roots), [], f"{b.name}.traces"
-            )
-        )
-    return said
+    return _lines("clear_traces", namespace, stale, roots, site="traces")
 
 
 def traced(model: Any) -> tuple[int | None, int | None]:
     """Return the ops its backend traced for ``model`` and their estimated bytes, if known."""
-    none: tuple[int | None, int | None] = (None, None)
-    for b in active():
-        ops, size = attempt(functools.partial(b.traced, model), none, f"{b.name}.traced")
-        if ops is not None:
-            return ops, size
-    return None, None
+    found = [pair for pair in _each("traced", model).values() if pair[0] is not None]
+    return found[0] if found else (None, None)
 
 
 def registered() -> int | None:
     """Return the entries the backends keep per model until a purge (TF's custom gradients);
     None when no backend in use keeps any. Never imports a framework."""
-    counts = [n for n in (attempt(get(name).registered, None) for name in NAMES) if n is not None]
+    found = [get(n).registered for n in NAMES]
+    counts = [n for n in (attempt(f, None) for f in found if f is not None) if n is not None]
     return sum(counts) if counts else None
 
 
 def purge(namespace: Mapping[str, Any]) -> int:
     """Free what the backends keep per model for models that are gone; return how many went."""
-    return sum(
-        attempt(functools.partial(b.purge, namespace), 0, f"{b.name}.purge") for b in active()
-    )
+    return sum(_each("purge", namespace).values())
 
 
 def attach(stop_at: Sequence[CodeType] = (), patch: bool = True) -> list[str]:
     """Give every backend the frames its traces end at (a cell's runners, ``stop_at``) and,
     with ``patch``, make the patches that live while the extension is loaded (TF's op stack
     traces, once TensorFlow is imported); return why any could not be made."""
-    said = []
-    for name in NAMES:
-        why = attempt(functools.partial(get(name).attach, stop_at, patch), None, f"{name}.attach")
-        if why is not None:
-            said.append(why)
-    return said
+    return list(_each("attach", stop_at, patch, every=True).values())
 
 
 def detach() -> None:
     """Undo every backend's patches."""
-    for name in NAMES:
-        attempt(get(name).detach, None, f"{name}.detach")
+    _each("detach", every=True)

@@ -27,11 +27,6 @@ TOO_LATE = (
 )
 
 
-def _jax() -> Any | None:
-    """Return the jax module once ``import jax`` has finished, else None."""
-    return loaded("jax")
-
-
 def started() -> bool:
     """Return True once JAX has created its backends (device memory may be taken)."""
     bridge = sys.modules.get("jax._src.xla_bridge")
@@ -43,7 +38,7 @@ def started() -> bool:
 def in_use() -> bool:
     """JAX is in use when Keras runs on it, or JAX itself started devices (Keras imports JAX
     under the other backends too, without using it)."""
-    return _jax() is not None and (keras_backend() == "jax" or started())
+    return loaded("jax") is not None and (keras_backend() == "jax" or started())
 
 
 def preallocating() -> bool:
@@ -54,14 +49,10 @@ def preallocating() -> bool:
 
 def _device(device: Any) -> BackendDevice:
     stats = attempt(device.memory_stats, None) or {}
-    return BackendDevice(
-        name=f"{device.platform}:{device.id}",
-        in_use_bytes=stats.get("bytes_in_use"),
-        peak_bytes=stats.get("peak_bytes_in_use"),
-        limit_bytes=stats.get("bytes_limit"),
-        reserved_bytes=stats.get("bytes_reserved") or stats.get("pool_bytes"),
-        kind=str(device.platform),
-    )
+    reserved = stats.get("bytes_reserved") or stats.get("pool_bytes")
+    name, kind = f"{device.platform}:{device.id}", str(device.platform)
+    used, peak, limit = (stats.get(k) for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit"))
+    return BackendDevice(name, used, peak, limit, reserved, kind)
 
 
 def compiled_count() -> int | None:
@@ -84,20 +75,21 @@ def caches(jax: Any) -> dict[str, int]:
         out["live_arrays"] = len(arrays)
         out["live_array_bytes"] = sum(_nbytes(a) for a in arrays)
     compiled = compiled_count()
-    if compiled is not None:
-        out["compiled"] = compiled
-    return out
+    return out if compiled is None else {**out, "compiled": compiled}
+
+
+def _platform(jax: Any) -> str | None:
+    return attempt(lambda: str(jax.default_backend()), None)
 
 
 def read() -> BackendInfo:
     """Return JAX's figures; before JAX starts its devices only its version."""
-    jax = _jax()
-    version = getattr(jax, "__version__", None)
-    keras = keras_backend() == "jax"
+    jax = loaded("jax")
+    version, keras = getattr(jax, "__version__", None), keras_backend() == "jax"
     if jax is None or not started():
         note = "JAX has not started its devices yet (no device memory taken)"
         return BackendInfo("jax", version, keras, None, notes=(note,) if jax else ())
-    platform = attempt(lambda: str(jax.default_backend()), None)
+    platform = _platform(jax)
     found: list[Any] = attempt(jax.local_devices, [])
     devices = tuple(_device(d) for d in found)
     notes = (PREALLOCATED,) if platform == "gpu" and preallocating() else ()
@@ -106,7 +98,7 @@ def read() -> BackendInfo:
 
 def reset() -> list[str]:
     """Empty JAX's jit/pjit compilation caches (they keep every traced model's executables)."""
-    jax = _jax()
+    jax = loaded("jax")
     if jax is None or not callable(getattr(jax, "clear_caches", None)):
         return []
     jax.clear_caches()
@@ -115,22 +107,6 @@ def reset() -> list[str]:
 
 def configure(growth: bool, limit_mb: int | None) -> str:
     """Set XLA's pre-allocation variables; they only count before JAX starts its devices."""
-    settings = _settings(growth, limit_mb)
-    if isinstance(settings, str):
-        return settings
-    shown = " and ".join(f"{k}={v}" for k, v in settings.items())
-    if started():
-        jax = _jax()
-        platform = attempt(lambda: str(jax.default_backend()), None) if jax else None
-        if platform == "cpu":
-            return "JAX runs on the CPU in this kernel: no GPU memory to configure"
-        return TOO_LATE.format(settings=shown)
-    os.environ.update(settings)
-    return f"{shown} set for JAX (read when JAX starts its devices)"
-
-
-def _settings(growth: bool, limit_mb: int | None) -> dict[str, str] | str:
-    """Return the environment for these options, or why there is nothing to set."""
     settings = {PREALLOCATE: "false"} if growth else {}
     if limit_mb is not None:
         from kerasmagic.probes import read_gpus
@@ -139,14 +115,15 @@ def _settings(growth: bool, limit_mb: int | None) -> dict[str, str] | str:
         if not gpus.devices:
             return f"no GPU to cap for JAX ({gpus.message or gpus.status})"
         total = min(d.total_bytes for d in gpus.devices)
-        fraction = min(1.0, limit_mb * 2**20 / total)
-        settings[MEM_FRACTION] = f"{fraction:.3f}"
-    return settings
+        settings[MEM_FRACTION] = f"{min(1.0, limit_mb * 2**20 / total):.3f}"
+    shown = " and ".join(f"{k}={v}" for k, v in settings.items())
+    if started():
+        jax = loaded("jax")
+        if jax is not None and _platform(jax) == "cpu":
+            return "JAX runs on the CPU in this kernel: no GPU memory to configure"
+        return TOO_LATE.format(settings=shown)
+    os.environ.update(settings)
+    return f"{shown} set for JAX (read when JAX starts its devices)"
 
 
-def reset_peaks() -> list[str]:
-    """JAX has no call that resets its peak counters: nothing is reset."""
-    return []
-
-
-BACKEND = Backend("jax", in_use, read, reset, configure, reset_peaks)
+BACKEND = Backend("jax", in_use, read, reset, configure)

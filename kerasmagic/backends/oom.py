@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any
 
 from kerasmagic.backends import LABELS, NAMES, BackendInfo, Limit, get
 
@@ -90,19 +90,30 @@ def parse_oom(kind: str, module: str, text: str) -> OomError | None:
     """Return the OOM an error of type ``kind`` (from ``module``, if known) says, else None."""
     kind = kind.rsplit(".", 1)[-1]
     if kind == "ResourceExhaustedError" or "OOM when allocating" in text:
-        return _tensorflow(text)
+        match = TF_OOM.search(text)
+        if match is None:
+            return OomError("tensorflow", None, None, None, None)
+        shape = tuple(int(n) for n in match["shape"].replace(" ", "").split(",") if n)
+        size = ITEMSIZE.get(match["dtype"])
+        wanted = None if size is None else math.prod(shape) * size
+        device = match["device"].rsplit("device:", 1)[-1]
+        return OomError("tensorflow", device, wanted, shape, match["dtype"])
     torch_type = kind == "OutOfMemoryError" and (not module or module.startswith("torch"))
     if torch_type or "CUDA out of memory" in text:
-        return _torch_cuda(text)
+        gpu = re.search(r"GPU (\d+)", text)
+        limit = _size(TORCH_ALLOWED.search(text)) or _size(TORCH_TOTAL.search(text))
+        wanted, in_use = _size(TORCH_WANTED.search(text)), _size(TORCH_IN_USE.search(text))
+        return OomError("torch", gpu and f"cuda:{gpu[1]}", wanted, None, None, in_use, limit)
     cpu = TORCH_CPU.search(text)
     if cpu is not None:
         return OomError("torch", "cpu", int(cpu[1]), None, None)
     if "RESOURCE_EXHAUSTED" in text and (kind in JAX_ERRORS or text.lstrip().startswith("RES")):
         match = JAX_WANTED.search(text)
-        wanted = match["bytes"] or match["b"] if match else None
+        asked = match and (match["bytes"] or match["b"])
         ordinal = JAX_DEVICE.search(text)
-        device = f"gpu:{ordinal[1]}" if ordinal else None
-        return OomError("jax", device, int(wanted) if wanted else None, None, None)
+        return OomError(
+            "jax", ordinal and f"gpu:{ordinal[1]}", int(asked) if asked else None, None, None
+        )
     return None
 
 
@@ -118,33 +129,7 @@ def _size(match: re.Match[str] | None) -> int | None:
     return int(float(number) * UNITS[unit])
 
 
-def _torch_cuda(text: str) -> OomError:
-    gpu = re.search(r"GPU (\d+)", text)
-    limit = _size(TORCH_ALLOWED.search(text)) or _size(TORCH_TOTAL.search(text))
-    wanted, in_use = _size(TORCH_WANTED.search(text)), _size(TORCH_IN_USE.search(text))
-    device = f"cuda:{gpu[1]}" if gpu else None
-    return OomError("torch", device, wanted, None, None, in_use, limit)
-
-
-def _tensorflow(text: str) -> OomError:
-    match = TF_OOM.search(text)
-    if match is None:
-        return OomError("tensorflow", None, None, None, None)
-    shape = tuple(int(n) for n in match["shape"].replace(" ", "").split(",") if n)
-    size = ITEMSIZE.get(match["dtype"])
-    wanted = None if size is None else math.prod(shape) * size
-    device = match["device"].rsplit("device:", 1)[-1]
-    return OomError("tensorflow", device, wanted, shape, match["dtype"])
-
-
 # -- a device's limit, and where it comes from --------------------------------------------------
-class Sized(Protocol):
-    """A GPU as NVML reads it (``probes.nvml.GpuDevice``): its total bytes."""
-
-    @property
-    def total_bytes(self) -> int: ...
-
-
 GPU_TOTAL = "the GPU's total"
 HOST_RAM = "host RAM"
 
@@ -163,7 +148,7 @@ def index_of(device: str | None) -> int:
 def device_limit(
     backend: str,
     device: str | None,
-    gpus: Sequence[Sized],
+    gpus: Sequence[Any],  # each with its ``total_bytes`` (NVML's ``probes.nvml.GpuDevice``)
     reported: int | None = None,
     host_total: int | None = None,
 ) -> Limit | None:
@@ -186,11 +171,8 @@ def device_limit(
 
 def reported_limit(backends: Sequence[BackendInfo], backend: str, device: str | None) -> int | None:
     """Return the limit the backend itself reports for ``device``, if any."""
-    for info in backends:
-        for d in info.devices if info.name == backend else ():
-            if same_device(d.name, device):
-                return d.limit_bytes
-    return None
+    mine = [d for info in backends if info.name == backend for d in info.devices]
+    return next((d.limit_bytes for d in mine if same_device(d.name, device)), None)
 
 
 def same_device(a: str | None, b: str | None) -> bool:

@@ -48,12 +48,12 @@ def device_limit(torch: Any, index: int) -> tuple[int, str]:
 def _device(torch: Any, index: int) -> BackendDevice:
     cuda = torch.cuda
     return BackendDevice(
-        name=f"cuda:{index}",
-        in_use_bytes=attempt(lambda: int(cuda.memory_allocated(index)), None),
-        peak_bytes=attempt(lambda: int(cuda.max_memory_allocated(index)), None),
-        limit_bytes=attempt(lambda: device_limit(torch, index)[0], None),
-        reserved_bytes=attempt(lambda: int(cuda.memory_reserved(index)), None),
-        kind="gpu",
+        f"cuda:{index}",
+        attempt(lambda: int(cuda.memory_allocated(index)), None),
+        attempt(lambda: int(cuda.max_memory_allocated(index)), None),
+        attempt(lambda: device_limit(torch, index)[0], None),
+        attempt(lambda: int(cuda.memory_reserved(index)), None),
+        "gpu",
     )
 
 
@@ -67,14 +67,11 @@ def compiled_frames() -> int | None:
 def read() -> BackendInfo:
     """Return per-GPU allocated/reserved/peak once CUDA is up, and dynamo's compiled frames."""
     torch = loaded_torch()
-    version = getattr(torch, "__version__", None)
-    keras = keras_backend() == "torch"
+    version, keras = getattr(torch, "__version__", None), keras_backend() == "torch"
     if torch is None:
         return BackendInfo("torch", version, keras, None)
-    caches: dict[str, int] = {}
     frames = compiled_frames()
-    if frames is not None:
-        caches["compiled_frames"] = frames
+    caches = {} if frames is None else {"compiled_frames": frames}
     if not cuda_started(torch):
         return BackendInfo("torch", version, keras, "cpu", caches=caches)
     count = attempt(lambda: int(torch.cuda.device_count()), 0)
@@ -84,14 +81,11 @@ def read() -> BackendInfo:
 
 def reset() -> list[str]:
     """Drop torch.compile's caches."""
-    torch = loaded_torch()
-    if torch is None:
+    dynamo = sys.modules.get("torch._dynamo") if loaded_torch() is not None else None
+    if dynamo is None or not works("torch.dynamo"):  # moved: said once, by compat
         return []
-    dynamo = sys.modules.get("torch._dynamo")
-    if dynamo is not None and works("torch.dynamo"):  # moved: said once, by compat
-        dynamo.reset()
-        return ["torch._dynamo.reset"]
-    return []
+    dynamo.reset()
+    return ["torch._dynamo.reset"]
 
 
 def release() -> list[str]:

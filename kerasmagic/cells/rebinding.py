@@ -16,7 +16,7 @@ That second half (``rebound_now``) is resolved against the namespace when the ce
 ``model = keep_training()``, where ``keep_training`` (an earlier cell) fits the global
 ``model``, reads ``model`` before rebinding it: dropping it first would leave the function a
 ``NameError`` and the user without the model. So each name a cell reads before rebinding a
-name is resolved in the namespace and walked (``walk.near.GlobalReads``) for the globals the
+name is resolved in the namespace and walked (``walk.state.GlobalReads``) for the globals the
 notebook's functions it holds read; those count as reads too. Past the walk's limit, the names
 not decided yet are kept.
 """
@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kerasmagic.walk.near import GlobalReads, TooMuch
+from kerasmagic.walk import GlobalReads, TooMuch
 
 log = logging.getLogger(__name__)
 

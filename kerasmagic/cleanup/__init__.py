@@ -2,14 +2,15 @@
 
 The same cleanup runs before a ``%%fresh_model`` cell, from the sidebar's "Free memory" button,
 and from plain Python (``kerasmagic.reset()`` / ``with kerasmagic.fresh():``) in search loops.
-``plan.py`` decides what is stale and how to cut it; here the cleanup runs step by step (each
-step a named function of one ``Run``, in ``STEPS`` order) and says what it did
+``holders.py``'s plan decides what is stale and how to cut it; here the cleanup runs step by
+step (each step a named function of one ``Run``, in ``STEPS`` order) and says what it did
 (``CleanupReport``). There is one garbage collection (``collect``), and a second only when
 something that should have gone survived the first (``survivors``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import gc
@@ -18,15 +19,14 @@ import sys
 import textwrap
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from kerasmagic import backends
-from kerasmagic.cleanup.holders import holder_paths, referrer_kinds
+from kerasmagic.cleanup import holders
 from kerasmagic.cleanup.loops import Freezer
-from kerasmagic.cleanup.plan import Action, Plan, drop_stored_errors, plan_cleanup
 from kerasmagic.compat import check_now
 from kerasmagic.compat.probes import find_libc as libc
 from kerasmagic.compat.registry import broken, works
@@ -34,13 +34,7 @@ from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.probes import read_ram
 from kerasmagic.shellstate import current, state_of
 from kerasmagic.units import fmt_bytes, signed_bytes
-from kerasmagic.walk.deep import held_by
-from kerasmagic.walk.state import state_types
-
-
-def _ipython_shell() -> Any | None:
-    ipython = sys.modules.get("IPython")
-    return None if ipython is None else ipython.get_ipython()
+from kerasmagic.walk import held_by, state_types
 
 
 def reset(
@@ -61,15 +55,22 @@ def reset(
     A Ctrl-C during the cleanup is held until it is complete, then raised.
     """
     with held_interrupts() as held:
-        report = _reset(
-            namespace,
-            rebinding,
-            keep,
-            drop_all=drop_all,
-            dry_run=dry_run,
-            patch_stack_traces=patch_stack_traces,
-            shell=shell,
+        start = time.perf_counter()
+        user_shell = holders.ipython_shell() if shell is None and namespace is None else shell
+        check_now(user_shell)  # what is off in the frameworks imported now, said once
+        ns = namespace if namespace is not None else getattr(user_shell, "user_ns", {})
+        plan = holders.plan_cleanup(
+            ns, rebinding=rebinding, keep=keep, drop_all=drop_all, shell=user_shell
         )
+        dropped = tuple(d for d, _ in plan.actions if d and not d.startswith("displayhook."))
+        kept = tuple(path for path, _ in plan.kept.values())
+        if dry_run:
+            elapsed = time.perf_counter() - start
+            report = CleanupReport(dropped, kept, (), 0, None, None, (), elapsed, dry_run=True)
+        else:
+            run = Run(ns, user_shell, plan, patch_stack_traces, dropped, plan.models())
+            del plan  # the run owns it now, and lets it go before collecting
+            report = run_steps(run, kept, start)
     held.deliver()
     if not report.dry_run:
         _remember(report, shell)
@@ -95,51 +96,6 @@ def last_report(shell: Any | None = None) -> CleanupReport | None:
         report: CleanupReport | None = state.last_report  # shellstate keeps it untyped
         return report
     return _outside[0] if _outside else None
-
-
-def _reset(
-    namespace: MutableMapping[str, Any] | None,
-    rebinding: Iterable[str],
-    keep: Iterable[str],
-    *,
-    drop_all: bool,
-    dry_run: bool,
-    patch_stack_traces: bool,
-    shell: Any | None,
-) -> CleanupReport:
-    start = time.perf_counter()
-    if shell is None and namespace is None:
-        shell = _ipython_shell()
-    check_now(shell)  # what is off in the frameworks imported now, said once (outside IPython too)
-    ns: MutableMapping[str, Any] = (
-        namespace if namespace is not None else getattr(shell, "user_ns", {})
-    )
-    plan = plan_cleanup(ns, rebinding=rebinding, keep=keep, drop_all=drop_all, shell=shell)
-    dropped = tuple(d for d, _ in plan.actions if d and not d.startswith("displayhook."))
-    kept = tuple(path for path, _ in plan.kept.values())
-    if dry_run:
-        elapsed = time.perf_counter() - start
-        return CleanupReport(dropped, kept, (), 0, None, None, (), elapsed, dry_run=True)
-    stale_models = plan.models()
-    run = Run(ns, shell, plan, patch_stack_traces, dropped)
-    del plan  # the run owns it now, and lets it go before collecting
-    run_steps(run)
-    after = backends.allocated()
-    freed = {name: held - after[name] for name, held in run.held_before.items() if name in after}
-    allocator, allocator_freed = next(iter(freed.items()), (None, None))
-    return CleanupReport(
-        dropped=dropped,
-        kept=kept,
-        not_freed=run.not_freed,
-        freed_bytes=run.rss_before - read_ram().rss_bytes,
-        allocator_freed_bytes=allocator_freed,
-        allocator_backend=allocator,
-        released=tuple(run.released),
-        elapsed_s=time.perf_counter() - start,
-        notes=tuple(run.notes),
-        stale_models=stale_models,
-        steps=tuple(run.timings),
-    )
 
 
 @contextmanager
@@ -270,9 +226,10 @@ class Run:
 
     ns: MutableMapping[str, Any]
     shell: Any | None
-    plan: Plan | None
+    plan: holders.Plan | None
     patch_stack_traces: bool
     dropped: tuple[str, ...]
+    stale_models: int
     watched: list[tuple[str, weakref.ref[Any]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)  # backends' words ("purged 2 ...")
@@ -320,7 +277,7 @@ def survivors(run: Run) -> None:
     it goes too (its frames keep the functions they ran), then one more collection."""
     run.not_freed = _survivors(run.watched, run.ns)
     by_error = any(label.startswith("sys.last") for label in run.dropped)
-    if run.not_freed and by_error and drop_stored_errors(run.shell):
+    if run.not_freed and by_error and holders.drop_stored_errors(run.shell):
         run.notes.append("dropped the stored error too: it held a model (%tb has nothing to show)")
         run.released += backends.collect_active()
         run.not_freed = _survivors(run.watched, run.ns)
@@ -336,37 +293,43 @@ def trim_heap(run: Run) -> None:
     malloc_trim()
 
 
-STEPS: tuple[Callable[[Run], None], ...] = (
-    cut,
-    clear_traces,
-    reset_backends,
-    collect,
-    survivors,
-    release_backends,
-    trim_heap,
-)
+STEPS = (cut, clear_traces, reset_backends, collect, survivors, release_backends, trim_heap)
 
 
-def run_steps(run: Run) -> None:
-    """Run every step in order, timing each."""
+def run_steps(run: Run, kept: tuple[str, ...], start: float) -> CleanupReport:
+    """Run every step in order, timing each; return what was done."""
     run.rss_before, run.held_before = read_ram().rss_bytes, backends.allocated()
     for step in STEPS:
-        start = time.perf_counter()
+        began = time.perf_counter()
         step(run)
-        run.timings.append((step.__name__, time.perf_counter() - start))
+        run.timings.append((step.__name__, time.perf_counter() - began))
+    after = backends.allocated()
+    freed = {name: held - after[name] for name, held in run.held_before.items() if name in after}
+    allocator, allocator_freed = next(iter(freed.items()), (None, None))
+    return CleanupReport(
+        dropped=run.dropped,
+        kept=kept,
+        not_freed=run.not_freed,
+        freed_bytes=run.rss_before - read_ram().rss_bytes,
+        allocator_freed_bytes=allocator_freed,
+        allocator_backend=allocator,
+        released=tuple(run.released),
+        elapsed_s=time.perf_counter() - start,
+        notes=tuple(run.notes),
+        stale_models=run.stale_models,
+        steps=tuple(run.timings),
+    )
 
 
 def _weak(found: Iterable[tuple[str, Any]]) -> list[tuple[str, weakref.ref[Any]]]:
     out = []
     for path, obj in found:
-        try:
+        with contextlib.suppress(TypeError):  # state that takes no weak reference: not watched
             out.append((path, weakref.ref(obj)))
-        except TypeError:  # a kind of state that takes no weak reference: not watched
-            continue
     return out
 
 
-def _cut(actions: list[Action]) -> None:
+def _cut(actions: list[holders.Action]) -> None:
     for _, act in actions:
         act()
 
@@ -380,11 +343,11 @@ def _survivors(
     alive = [(path, obj) for path, obj in ((p, r()) for p, r in watched) if _weighs(obj)]
     if not alive:
         return ()
-    paths = holder_paths(ns, [obj for _, obj in alive])
+    paths = holders.holder_paths(ns, [obj for _, obj in alive])
     out = []
     for path, obj in alive:
-        holders = paths.get(id(obj)) or _referrers(obj, alive)
-        out.append(f"{path} (held by {', '.join(holders)})")
+        held = paths.get(id(obj)) or _referrers(obj, alive)
+        out.append(f"{path} (held by {', '.join(held)})")
     return tuple(out)
 
 
@@ -399,7 +362,7 @@ def _weighs(obj: Any) -> bool:
 
 def _referrers(obj: Any, alive: list[tuple[str, Any]]) -> list[str]:
     try:
-        return referrer_kinds(obj, (alive, *alive))
+        return holders.referrer_kinds(obj, (alive, *alive))
     except Exception:  # an odd object among the referrers: the report still comes
         return ["something kerasmagic could not look into"]
 
@@ -409,15 +372,10 @@ def _referrers(obj: Any, alive: list[tuple[str, Any]]) -> list[str]:
 
 STATE = "keras.src.backend.common.global_state"
 
-# Keras keeps user settings in the same global state that clear_session() throws away.
-KERAS_SETTINGS = (
-    "dtype_policy",  # keras.mixed_precision.set_global_policy("mixed_float16")
-    "global_random_seed",  # keras.utils.set_random_seed(...)
-    "interactive_logging",
-    "traceback_filtering",
-    "flash_attention",
-    "nnx_enabled",
-)
+# Keras keeps user settings in the same global state that clear_session() throws away: the
+# dtype policy (keras.mixed_precision.set_global_policy), the seed (keras.utils.set_random_seed).
+KERAS_SETTINGS: tuple[str, ...] = ("dtype_policy", "global_random_seed", "interactive_logging")
+KERAS_SETTINGS += ("traceback_filtering", "flash_attention", "nnx_enabled")
 
 
 def _keras_settings() -> dict[str, Any]:
@@ -508,11 +466,6 @@ def malloc_trim() -> None:
         trim(0)
 
 
-def _set_by_environment() -> bool:
-    tunables = os.environ.get("GLIBC_TUNABLES", "")
-    return "MALLOC_MMAP_THRESHOLD_" in os.environ or "glibc.malloc." in tunables
-
-
 def pin_mmap_threshold(megabytes: int) -> str:
     """Pin glibc's mmap threshold at ``megabytes`` MiB (0: leave it); return what was done."""
     global _pinned_mb
@@ -520,7 +473,7 @@ def pin_mmap_threshold(megabytes: int) -> str:
         raise ValueError(f"mmap threshold must be 0 to {MAX_MB} MiB, not {megabytes}")
     if megabytes == 0:
         return "glibc's mmap threshold left dynamic"
-    if _set_by_environment():
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "glibc.malloc." in os.getenv("GLIBC_TUNABLES", ""):
         return "glibc's malloc is configured by the environment: left as it is"
     if _pinned_mb == megabytes:
         return f"glibc's mmap threshold pinned at {megabytes} MiB"

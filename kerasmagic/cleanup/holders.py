@@ -1,44 +1,412 @@
-"""What holds memory, on demand: every live Keras model with its size and holders, and the
-largest data (the sidebar's "Scan", ``%gpu_mem --deep``).
+"""What holds model state: the cleanup's plan of what is stale and the cuts that let it go, and
+every live model with its size and holders (the sidebar's "Scan", ``%gpu_mem --deep``).
 
-This walks ``gc.get_objects()`` (tens to hundreds of ms), so it runs only when asked, on the
-main thread, between cells.
+Model state is what ``kerasmagic.walk`` says. ``plan_cleanup`` only looks; its actions
+do the cutting, each a callable that does one cut. Nothing but model state is ever touched:
+names bound to it are unbound, it becomes ``None`` inside rebound containers and rebound
+objects of the user's classes (``strip``: the rest stays), callbacks such as ``History`` (at
+any depth) lose their ``.model`` link and keep their numbers, IPython's output cache forgets
+entries that hold it, and stored tracebacks (``sys.last_*``) drop their frames' locals. What a
+kept name reaches, or a kept model owns (a shared layer, its tensors and variables), is never
+stale. ``live_models`` walks ``gc.get_objects()`` (tens to hundreds of ms): only when asked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import gc
+import inspect
+import re
 import sys
 import types as pytypes
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from kerasmagic import walk as state
 from kerasmagic.backends import traced
+from kerasmagic.backends.oom import find_oom
 from kerasmagic.cleanup.loops import Freezer
-from kerasmagic.cleanup.plan import frame_locals, stored_tracebacks
-from kerasmagic.compat.registry import works
+from kerasmagic.compat.registry import broken, works
 from kerasmagic.probes import Variable, largest_variables
-from kerasmagic.walk.deep import (
-    guarded,
-    held_by,
-    live_model_objects,
-    model_size_bytes,
-    own_objects,
-    owned,
-    paths_to,
-)
-from kerasmagic.walk.near import count_models, walk
-from kerasmagic.walk.state import (
-    callback_types,
-    is_a,
-    is_user_name,
-    model_types,
-    module_dicts,
-    scan_order,
-    state_types,
-)
+
+Cut = Callable[[], object]
+Action = tuple[str, Cut]  # a label (empty: not reported) and the cut
+
+
+@dataclass
+class Plan:
+    """What a cleanup would cut (``actions``), the state it frees and the models it keeps.
+    ``plan_cleanup`` makes it, each method looking at one kind of holder."""
+
+    types: state.StateTypes
+    ns: MutableMapping[str, Any]
+    near: state.NearWalks  # each object near the namespace walked once, while planning
+    shell: Any = None
+    actions: list[Action] = field(default_factory=list)
+    stale: dict[int, tuple[str, Any]] = field(default_factory=dict)  # all stale state
+    kept: dict[int, tuple[str, Any]] = field(default_factory=dict)  # models kept (for reports)
+    held: frozenset[int] = frozenset()  # every piece of state reachable from a kept name
+    shared: frozenset[int] = frozenset()  # every object reachable from a kept name
+    complete: bool = True  # False: kept names too large to walk; cut no container
+    notes: list[str] = field(default_factory=list)
+    unlinks: list[Callable[[], None]] = field(default_factory=list)  # not reported as dropped
+    roots: list[Any] = field(default_factory=list)  # the kept state whose ownership counts
+    droppable: tuple[type, ...] = ()  # what a cleanup drops: all model state but callbacks
+    _owned: state.Owned | None = None
+
+    def keeps(self, obj: Any) -> bool:
+        """Return whether a kept name holds ``obj``, or kept state owns it (a shared layer)."""
+        if id(obj) in self.held:
+            return True
+        kind = self.types.kind(type(obj))
+        if kind in (None, "callback"):
+            return False  # a model counts: one nested in a kept model is that model's
+        return self.owned_by_kept().holds(obj, kind)
+
+    def owned_by_kept(self) -> state.Owned:
+        """Return what the kept state owns, read through Keras once, when first needed."""
+        if self._owned is None:
+            self._owned = state.owned(self.roots, self.types)
+        return self._owned
+
+    def models(self) -> int:
+        """Return how many stale objects are models."""
+        return sum(1 for _, o in self.stale.values() if self.types.kind(type(o)) == "model")
+
+    def stale_of(self, found: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """Keep the state of ``found`` that nothing kept holds: only that is worth a cut."""
+        return [(path, obj) for path, obj in found if not self.keeps(obj)]
+
+    def found(self, path: str, value: Any) -> list[tuple[str, Any]]:
+        """The stale state in ``value`` and its containers (the near walk)."""
+        return self.stale_of(self.near.state(path, value, self.droppable))
+
+    def drop(self, label: str, found: list[tuple[str, Any]], act: Cut, watch: bool = True) -> None:
+        """Cut with ``act`` if ``found`` holds stale state; ``watch`` it for the report."""
+        if found:
+            self.actions.append((label, act))
+            self.stale.update((id(o), (p, o)) for p, o in found if watch)
+
+    def release_names(self, names: Iterable[str]) -> None:
+        """Rebound names: unbound when bound to state, else stripped of the stale state."""
+        for name in names:
+            value = self.ns.get(name)
+            found_all = list(state.models_under(name, value, self.droppable))
+            found = self.stale_of(found_all)
+            for path, obj in found_all:  # also held under a kept name, at any depth: it stays
+                if self.types.kind(type(obj)) == "model" and self.keeps(obj):
+                    self.kept.setdefault(id(obj), (f"{path} (also held by a kept name)", obj))
+            if not found:
+                continue
+            if state.is_a(value, self.droppable):
+                unbind = functools.partial(self.ns.pop, name, None)
+                self.actions.append((_label(name, value, self), unbind))
+            elif not self.complete:
+                self.notes.append(
+                    f"kept names too large to scan: model state inside {name} not cut"
+                )
+                continue
+            else:
+                more = f" (+{len(found) - 1})" if len(found) > 1 else ""
+                act = functools.partial(_strip_name, self.ns, name, self.droppable, self.shared)
+                self.actions.append((f"{found[0][0]}{more}", act))
+            self.stale.update((id(o), (p, o)) for p, o in found)
+
+    def release_output_cache(self) -> None:
+        out = self.ns.get("Out")
+        out = out if isinstance(out, dict) else {}
+        for key, value in list(out.items()):
+            label = f"Out[{key}]"
+            forget = functools.partial(_forget_output, self.ns, out, key)
+            self.drop(label, self.found(label, value), forget)
+        for name in ("_", "__", "___"):
+            reset = functools.partial(self.ns.__setitem__, name, "")
+            self.drop(name, self.found(name, self.ns.get(name)), reset)
+
+    def release_tracebacks(self) -> None:
+        """Stored errors drop their frames' locals where those hold stale model state. An
+        out-of-memory error goes altogether: its frames hold the batch and the tensors that ran
+        out, and the functions they ran (Keras's ``predict`` closes over the model) keep the
+        model after it is rebound. Its traceback was shown; ``%tb`` has nothing to show after."""
+        oom = any(find_oom(getattr(sys, n, None)) is not None for n in ("last_value", "last_exc"))
+        for label, tb in stored_tracebacks():
+            found = [o for p, v in frame_locals(label, tb, self.ns) for o in self.found(p, v)]
+            self.stale.update((id(o), (p, o)) for p, o in found)
+            if found or oom:  # an OOM's is said once, below
+                self.actions.append(("" if oom else label, functools.partial(clear_frames, tb)))
+        if oom:
+            drop = functools.partial(drop_stored_errors, self.shell)
+            self.actions.append(("the stored out-of-memory error", drop))
+
+    def cut_callback_links(self, deeper: Iterable[tuple[str, Any]]) -> None:
+        """Cut callbacks' links to models nothing kept holds, at any depth of the namespace. A
+        deep one is labelled by its link's path (``results['folds'][3]['history'].model``), or
+        by its root name past the search's reach."""
+        found: dict[int, tuple[str, Any]] = {}  # one callback under many names: its first path
+        for name in state.scan_order(self.ns):  # the user's names first
+            for path, obj in self.near.callbacks(name, self.ns.get(name)):
+                found.setdefault(id(obj), (f"{path}.model", obj))
+        close = len(found)
+        for root, obj in deeper:
+            found.setdefault(id(obj), (root, obj))
+        deep = list(found.values())[close:]
+        roots = [(r, self.ns[r]) for r in dict.fromkeys(r for r, _ in deep) if r in self.ns]
+        types = self.types
+        paths = state.paths_to(roots, {id(o) for _, o in deep}, types.callbacks, types.models)
+        for i, (label, obj) in enumerate(found.values()):
+            if i >= close:
+                link = paths.get(id(obj))
+                label = f"{link}.model" if link else f"a {type(obj).__name__} in {label}"
+            model = state.callback_model(obj)
+            if state.is_a(model, types.models) and id(model) not in self.held:
+                self.stale[id(model)] = (label, model)
+                self.actions.append((label, functools.partial(_cut_link, obj)))
+
+    def release_shell(self) -> None:
+        """IPython keeps its own references: the display hook's ``_``s and the last result."""
+        shell = self.shell
+        cache = works("ipython.output_cache", shell)  # moved: said once, by compat; left as is
+        hook = getattr(shell, "displayhook", None)
+        for name in ("_", "__", "___") if cache else ():
+            found = self.found(name, getattr(hook, name, None))
+            self.drop(
+                f"displayhook.{name}", found, functools.partial(setattr, hook, name, ""), False
+            )
+        hidden = getattr(shell, "user_ns_hidden", None)  # push(interactive=False) copies _, _N
+        hidden = hidden if cache and isinstance(hidden, dict) else {}
+        for name, value in list(hidden.items()):
+            if re.fullmatch(r"_+|_\d+", name):
+                reset = functools.partial(hidden.__setitem__, name, "")
+                self.drop(f"displayhook.{name}", self.found(name, value), reset, False)
+        last = getattr(shell, "last_execution_result", None)
+        found = self.found("last result", getattr(last, "result", None))
+        self.drop("last result", found, functools.partial(setattr, last, "result", None))
+
+
+def _label(path: str, obj: Any, plan: Plan) -> str:
+    """Name a dropped object: a model by its path, other state with what it held."""
+    kind = plan.types.kind(type(obj))
+    if kind in (None, "model"):
+        return path
+    return f"{path} ({state.held_by(obj, kind, plan.owned_by_kept()).describe()})"
+
+
+def _unlink_from_kept_layers(plan: Plan) -> None:
+    """A kept layer (a base model) records every later call on its outputs in its outbound
+    nodes, so a kept base held every head ever built on it, and their weights. Unlink the
+    nodes of layers and operations no kept model owns (a kept model's ``keras.ops`` calls
+    stay); Keras never reads that list to compute anything."""
+    if not plan.roots:
+        return
+    kept = plan.owned_by_kept().layers
+    cut: dict[int, tuple[list[Any], list[Any]]] = {}
+    for layer in plan.owned_by_kept().layer_objects:
+        module = type(layer).__module__ or ""
+        reach = f"{'tf_keras' if module.startswith('tf_keras') else 'keras'}.outbound_nodes"
+        if not works(reach):  # moved: said once, by compat
+            continue
+        nodes = state.outbound_nodes(layer)
+        if nodes is None:
+            if plan.types.kind(type(layer)) in ("model", "layer"):
+                broken(reach, "moved Operation._outbound_nodes")
+            continue
+        ops = [state.node_layer(n) for n in nodes]
+        if any(op is None for op in ops):  # a node whose operation cannot be read: cut nothing
+            broken(reach, "moved Node.operation")
+            continue
+        stale = [n for n, op in zip(nodes, ops, strict=True) if not _kept(plan, op, kept)]
+        if stale:
+            cut[id(nodes)] = (nodes, stale)
+    if cut:
+        count = sum(len(stale) for _, stale in cut.values())
+        calls = "a layer" if count == 1 else f"{count} layers"
+        plan.notes.append(f"unlinked {calls} no kept model uses from the graphs of kept models")
+        plan.unlinks.append(functools.partial(_remove_nodes, list(cut.values())))
+
+
+def _kept(plan: Plan, op: Any, kept: frozenset[int]) -> bool:
+    return id(op) in kept or plan.keeps(op)
+
+
+def _remove_nodes(found: list[tuple[list[Any], list[Any]]]) -> None:
+    for nodes, stale in found:
+        ids = {id(n) for n in stale}
+        nodes[:] = [n for n in nodes if id(n) not in ids]
+
+
+def plan_cleanup(
+    ns: MutableMapping[str, Any],
+    *,
+    rebinding: Iterable[str] = (),
+    keep: Iterable[str] = (),
+    drop_all: bool = False,
+    shell: Any | None = None,
+) -> Plan:
+    """Plan the release of stale model state in ``ns`` (see the module docstring)."""
+    types = state.state_types()
+    plan = Plan(types, ns, state.NearWalks(types.callbacks), shell)
+    if not types.models:
+        return plan
+    plan.droppable = tuple(c for k, classes in types.by_kind if k != "callback" for c in classes)
+    users = [name for name in list(ns) if state.is_user_name(name)]
+    release = (set(users) if drop_all else set(rebinding) & set(ns)) - set(keep)
+    kept_names = [name for name in users if name not in release]
+    for name in kept_names:
+        found = plan.near.state(name, ns.get(name), types.models)
+        plan.kept.update((id(m), (p, m)) for p, m in found)
+    kept_roots = ((n, ns[n]) for n in kept_names if n in ns)
+    reach = state.reachable(kept_roots, types.all, types.callbacks, skip=(ns,))
+    plan.held = reach.models | frozenset(plan.kept)
+    plan.roots = [obj for obj in reach.found if types.kind(type(obj)) != "callback"]
+    plan.shared = reach.objects
+    plan.complete = reach.complete
+    released_roots = ((n, ns[n]) for n in sorted(release) if n in ns)
+    released = state.reachable(released_roots, types.models, types.callbacks, (ns,))
+    plan.release_names(sorted(release))
+    plan.release_output_cache()
+    plan.release_tracebacks()
+    if shell is not None:
+        plan.release_shell()
+    plan.cut_callback_links(reach.callbacks + released.callbacks)
+    _unlink_from_kept_layers(plan)
+    for key in plan.held:
+        plan.stale.pop(key, None)
+    plan.near = state.NearWalks(())  # what it walked goes: the plan lives on until the cut
+    return plan
+
+
+# The cuts that need more than one call (``functools.partial`` of them, each).
+
+
+def _strip_name(ns: MutableMapping[str, Any], name: str, types: Any, kept: Any) -> None:
+    """Cut: the stale models out of the container bound to ``name`` (see ``strip``)."""
+    if name in ns:
+        ns[name] = state.strip(ns[name], types, kept)
+
+
+def _forget_output(ns: MutableMapping[str, Any], out: dict[Any, Any], key: Any) -> None:
+    """Cut: IPython's ``Out[key]`` and its ``_key`` alias."""
+    value = out.pop(key, None)
+    if value is not None and ns.get(f"_{key}") is value:
+        del ns[f"_{key}"]
+
+
+def _cut_link(callback: Any) -> None:
+    """Cut: a callback's (``History``'s) ``.model`` link; its numbers stay. Keras 3 keeps it in
+    ``_model`` behind a ``model`` property, tf-keras in ``model``. Neither there means Keras
+    moved it: said once, nothing written (a ``model`` entry would hide behind the property)."""
+    attrs = state.instance_dict(callback) or {}
+    key = next((k for k in ("_model", "model") if k in attrs), None)
+    if key is None or (key == "_model" and not works("keras.callback_model")):
+        broken("keras.callback_model", "moved Callback._model")
+        return
+    attrs[key] = None
+
+
+# Stored tracebacks (``sys.last_*``): the locals they keep alive, and letting those go.
+
+
+def stored_tracebacks() -> Iterator[tuple[str, pytypes.TracebackType]]:
+    """Yield ``("sys.last_...", traceback)`` for each stored error and the errors it chains."""
+    seen: set[int] = set()  # errors (and tracebacks) already followed
+    yielded: set[int] = set()  # tracebacks already yielded: one error has up to three names
+    for attr in ("last_traceback", "last_value", "last_exc"):
+        obj = getattr(sys, attr, None)
+        while obj is not None and id(obj) not in seen:
+            seen.add(id(obj))
+            is_tb = isinstance(obj, pytypes.TracebackType)
+            tb = obj if is_tb else getattr(obj, "__traceback__", None)
+            if tb is not None and id(tb) not in yielded:
+                yielded.add(id(tb))
+                yield f"sys.{attr}", tb
+            obj = getattr(obj, "__context__", None) if isinstance(obj, BaseException) else None
+
+
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+MAX_CALLERS = 1000
+
+
+def kept_frames(tb: pytypes.TracebackType) -> Iterator[pytypes.FrameType]:
+    """Yield the frames ``tb`` keeps alive: its own, and the callers each links to.
+
+    A library that rewrites tracebacks (Keras filters its own frames out) leaves those frames
+    out of ``tb`` but not dead: they are reached through ``f_back``, with the model in their
+    locals. The walk up stops at the cell's runner (IPython's ``run_code``), at a generator or
+    coroutine (a long-lived one, the kernel's dispatch loop, must never be finalized) and after
+    ``MAX_CALLERS`` frames.
+    """
+    stops: set[Any] = set()
+    if works("ipython.run_code"):  # moved: said once, by compat; the frames go to the top
+        shell = getattr(sys.modules.get("IPython.core.interactiveshell"), "InteractiveShell", None)
+        stops = {getattr(getattr(shell, "run_code", None), "__code__", None)} - {None}
+    seen: set[int] = set()
+    walker: pytypes.TracebackType | None = tb
+    while walker is not None:
+        frame: pytypes.FrameType | None = walker.tb_frame
+        own = True
+        for _ in range(MAX_CALLERS):
+            if frame is None or id(frame) in seen:
+                break
+            if not own and (frame.f_code in stops or frame.f_code.co_flags & _SUSPENDABLE):
+                break
+            seen.add(id(frame))
+            yield frame
+            frame, own = frame.f_back, False
+        walker = walker.tb_next
+
+
+def frame_locals(
+    label: str, tb: pytypes.TracebackType, namespace: Mapping[str, Any]
+) -> Iterator[tuple[str, Any]]:
+    """Yield ``("sys.last_traceback (fn: name)", value)`` for the locals a traceback keeps.
+
+    A cell's own frame is skipped (its locals are the user namespace itself), and so is the
+    namespace wherever a runner's frame holds it, as a local or in its ``*args``.
+    """
+    for frame in kept_frames(tb):
+        if frame.f_locals is namespace:
+            continue
+        for name, value in list(frame.f_locals.items()):
+            where = f"{label} ({frame.f_code.co_name}: {name})"
+            if value is namespace:
+                continue
+            if type(value) is tuple and any(item is namespace for item in value):
+                yield from ((f"{where}[{i}]", x) for i, x in enumerate(value) if x is not namespace)
+            else:
+                yield where, value
+
+
+def clear_frames(tb: pytypes.TracebackType) -> None:
+    """Drop the locals of every finished frame ``tb`` keeps (the error text stays for ``%tb``)."""
+    for frame in list(kept_frames(tb)):
+        with contextlib.suppress(RuntimeError):  # a frame still running stays as it is
+            frame.clear()
+        if frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+            _ = frame.f_locals  # Python 3.11 keeps a stale locals dict until re-synced
+
+
+def drop_stored_errors(shell: Any | None) -> bool:
+    """Forget the stored error: ``sys.last_*``, the shell's last result's error and the
+    traceback IPython's formatter keeps; return whether there was one (its frames keep the
+    functions they ran even with their locals dropped)."""
+    found = False
+    for attr in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if getattr(sys, attr, None) is not None:
+            found = True
+            setattr(sys, attr, None)
+    result: Any = getattr(shell, "last_execution_result", None)
+    if getattr(result, "error_in_exec", None) is not None:
+        result.error_in_exec = None
+    formatter: Any = getattr(shell, "InteractiveTB", None)
+    if getattr(formatter, "tb", None) is not None and works("ipython.traceback", shell):
+        formatter.tb = None  # IPython's own "lingering reference" (ultratb's words)
+    return found
+
+
+# -- every live model and what holds it, on demand ----------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -60,63 +428,31 @@ class LiveModel:
     kind: str = "model"  # or the loose state's: "layer", "tensor", "optimizer", ...
 
 
-def namespace_paths(namespace: Mapping[str, Any]) -> dict[int, list[str]]:
-    """Return ``{id(obj): [paths]}`` for objects reachable from the namespace and tracebacks."""
-    paths: dict[int, list[str]] = {}
-    cbs = callback_types()
-    for name in scan_order(namespace):
-        for path, obj in walk(name, namespace.get(name), cbs):
-            paths.setdefault(id(obj), []).append(path)
-    for label, tb in stored_tracebacks():
-        for root, value in frame_locals(label, tb, namespace):
-            for path, obj in walk(root, value, cbs):
-                paths.setdefault(id(obj), []).append(path)
-    return paths
-
-
 def holder_paths(namespace: Mapping[str, Any], models: list[Any]) -> dict[int, list[str]]:
-    """Return ``namespace_paths``, plus a path for each of ``models`` held only deeper."""
-    paths = namespace_paths(namespace)
+    """Return ``{id(obj): [paths]}`` for what the near walk reaches from the namespace and
+    stored tracebacks, plus a path for each of ``models`` held only deeper."""
+    paths: dict[int, list[str]] = {}
+    cbs = state.callback_types()
+    names = [(name, namespace.get(name)) for name in state.scan_order(namespace)]
+    roots = list(names)
+    for label, tb in stored_tracebacks():
+        roots += frame_locals(label, tb, namespace)
+    for root, value in roots:
+        for path, obj in state.walk(root, value, cbs):
+            paths.setdefault(id(obj), []).append(path)
     missing = {id(m) for m in models if id(m) not in paths}
     if missing:  # held deeper than the near walk looks: search from every name
-        roots = [(name, namespace.get(name)) for name in scan_order(namespace)]
-        deep = paths_to(roots, missing, callback_types(), model_types())
+        deep = state.paths_to(names, missing, cbs, state.model_types())
         paths.update((key, [path]) for key, path in deep.items())
     return paths
 
 
 _TYPE_NAME = type.__dict__["__name__"]  # read past a metaclass's own __name__
+_NOT_OWNERS = (dict, list, tuple, set, pytypes.FrameType, pytypes.FunctionType, pytypes.CellType)
 
 
 def _type_name(kind: type) -> str:
     return str(_TYPE_NAME.__get__(kind))
-
-
-_NOT_OWNERS = (dict, list, tuple, set, pytypes.FrameType, pytypes.FunctionType, pytypes.CellType)
-
-
-def _dict_owner(attrs: dict[Any, Any], skip: set[int]) -> str:
-    """Name the class or object whose attribute dict ``attrs`` is, if it is one."""
-    owners = [
-        owner
-        for owner in gc.get_referrers(attrs)
-        if id(owner) not in skip
-        and not issubclass(type(owner), _NOT_OWNERS)
-        and any(ref is attrs for ref in gc.get_referents(owner))
-    ]
-    for owner in owners:
-        if issubclass(type(owner), type):
-            return f"an attribute of class {_type_name(owner)}"
-    for owner in owners:
-        return f"an attribute of a {_type_name(type(owner))} object"
-    return "a dict outside the namespace (a module global or object attribute)"
-
-
-def _refers_directly(holder: Any, obj: Any) -> bool:
-    """Return whether ``holder`` itself (not through a dict) refers to ``obj``. A function of
-    its own: a generator over ``obj`` in ``referrer_kinds`` would make ``obj`` a closure cell
-    there, one more referrer of it."""
-    return any(ref is obj for ref in gc.get_referents(holder))
 
 
 def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> list[str]:
@@ -128,9 +464,9 @@ def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> li
     if not (works("cpython.referrers") and works("cpython.frames")):  # said once, by compat
         return []
     kinds = []
-    modules = module_dicts()
+    modules = state.module_dicts()
     skip = {id(x) for x in ignore} | {id(sys._getframe()), id(sys._getframe(1))}
-    skip |= own_objects(obj, modules)
+    skip |= state.own_objects(obj, modules)
     for ref in gc.get_referrers(obj):
         kind = type(ref)
         if id(ref) in skip or (kind is pytypes.MethodType and ref.__self__ is obj):
@@ -154,27 +490,37 @@ def referrer_kinds(obj: Any, ignore: tuple[Any, ...] = (), limit: int = 3) -> li
     return kinds or ["nothing gc can see (C++, a NumPy array of objects, a pending collection)"]
 
 
-def _layers(model: Any) -> list[Any]:
-    """A model's layers; none of a user's subclass whose ``layers`` fails."""
-    return list(guarded(lambda: list(model.layers), []))
+def _refers_directly(holder: Any, obj: Any) -> bool:
+    """Return whether ``holder`` itself (not through a dict) refers to ``obj``. A function of
+    its own: a generator over ``obj`` in ``referrer_kinds`` would make ``obj`` a closure cell
+    there, one more referrer of it."""
+    return any(ref is obj for ref in gc.get_referents(holder))
 
 
-def _name(model: Any) -> str:
-    return str(guarded(lambda: str(model.name), "?"))
-
-
-def _size(model: Any) -> int:
-    """A model's bytes; 0 for a user's model whose weights cannot be read."""
-    return int(guarded(lambda: model_size_bytes(model), 0))
+def _dict_owner(attrs: dict[Any, Any], skip: set[int]) -> str:
+    """Name the class or object whose attribute dict ``attrs`` is, if it is one."""
+    owners = [
+        owner
+        for owner in gc.get_referrers(attrs)
+        if id(owner) not in skip
+        and not issubclass(type(owner), _NOT_OWNERS)
+        and _refers_directly(owner, attrs)
+    ]
+    for owner in owners:
+        if issubclass(type(owner), type):
+            return f"an attribute of class {_type_name(owner)}"
+    for owner in owners:
+        return f"an attribute of a {_type_name(type(owner))} object"
+    return "a dict outside the namespace (a module global or object attribute)"
 
 
 def holder_remedy(holder: str) -> tuple[str, bool]:
-    """Return what frees a model held by ``holder`` (a path from ``namespace_paths``), and
+    """Return what frees a model held by ``holder`` (a path from ``holder_paths``), and
     whether "Free memory" (the cleanup with nothing rebound) does it on its own."""
     root = holder.split("[", 1)[0].split(".", 1)[0].split(" ", 1)[0]
     if holder.startswith("sys.last"):
         return "a stored traceback: Free memory clears it", True
-    if not is_user_name(root) and root:
+    if not state.is_user_name(root) and root:
         return "IPython's output cache: Free memory clears it", True
     if holder.endswith(".model"):
         return f"the link {holder}: Free memory cuts it (its numbers stay)", True
@@ -187,23 +533,32 @@ def holder_remedy(holder: str) -> tuple[str, bool]:
     return f"kept in {root}: remove it there, or %%fresh_model --all", False
 
 
-def _shell_namespace() -> Mapping[str, Any]:
+def ipython_shell() -> Any | None:
+    """Return the running IPython shell, or None (IPython is never imported here)."""
     ipython = sys.modules.get("IPython")
-    shell = None if ipython is None else ipython.get_ipython()
-    namespace = getattr(shell, "user_ns", None)
-    return namespace if isinstance(namespace, Mapping) else {}
+    return None if ipython is None else ipython.get_ipython()
+
+
+def _listed(obj: Any, type_name: str, size: int, holders: list[str], kind: str) -> LiveModel:
+    """One entry of ``live_models``: a model free with "Free memory" when each of its holders
+    is (or nothing known holds it), loose state only when it has holders and each is."""
+    remedies = [holder_remedy(h) for h in holders]
+    freeable = all(free for _, free in remedies) and (bool(remedies) or kind == "model")
+    traces = traced(obj) if kind == "model" else (None, None)
+    name = str(state.guarded(lambda: str(obj.name), "?"))
+    said = tuple(r for r, _ in remedies)
+    return LiveModel(name, type_name, size, tuple(holders), *traces, freeable, said, kind)
 
 
 def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
-    """Return every live Keras model, skipping the inner model a ``Sequential`` wraps, then
-    the model state under the namespace's names that no live model owns (a ``KerasTensor``
-    still holding a dropped model's layers, a layer, an optimizer, a variable).
-
-    Holders are named from ``namespace``: by default IPython's user namespace, if any.
-    """
+    """Return every live Keras model (less the inner model a ``Sequential`` wraps), then the
+    model state under the namespace's names that no live model owns (a ``KerasTensor`` still
+    holding a dropped model's layers, a layer, an optimizer, a variable). Holders are named
+    from ``namespace``: by default IPython's user namespace, if any."""
     if namespace is None:
-        namespace = _shell_namespace()
-    types = model_types()
+        user_ns = getattr(ipython_shell(), "user_ns", None)
+        namespace = user_ns if isinstance(user_ns, Mapping) else {}
+    types = state.model_types()
     if not types or not works("cpython.referrers"):  # moved: said once, by compat
         return []
     # A loop in this cell may have frozen the collector's old objects (cleanup/loops.py), and
@@ -211,11 +566,11 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
     # is garbage collected, so that a model listed is one something holds.
     Freezer.thaw()
     gc.collect()
-    models = live_model_objects(types)
+    models = state.live_model_objects(types)
     owners: dict[int, str] = {}
     for m in models:
-        for layer in _layers(m):
-            if is_a(layer, types):
+        for layer in state.guarded(lambda m=m: list(m.layers), []):
+            if state.is_a(layer, types):
                 owners[id(layer)] = f"layer of model '{m.name}'"
     paths = holder_paths(namespace, models)
     out = []
@@ -223,20 +578,8 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
         held = paths.get(id(m)) or (
             [owners[id(m)]] if id(m) in owners else referrer_kinds(m, (models,))
         )
-        ops, graph_bytes = traced(m)
-        remedies = [holder_remedy(h) for h in held]
-        out.append(
-            LiveModel(
-                _name(m),
-                type(m).__name__,
-                _size(m),
-                tuple(held),
-                ops,
-                graph_bytes,
-                freeable=all(free for _, free in remedies),
-                remedies=tuple(r for r, _ in remedies),
-            )
-        )
+        size = int(state.guarded(lambda m=m: state.model_size_bytes(m), 0))
+        out.append(_listed(m, type(m).__name__, size, held, "model"))
     out += _loose_state(namespace, models, paths)
     del models
     return out
@@ -250,34 +593,19 @@ def _loose_state(
     namespace: Mapping[str, Any], models: list[Any], paths: Mapping[int, list[str]]
 ) -> list[LiveModel]:
     """Model state under the namespace's names (two levels in) that no live model owns."""
-    types = state_types()
+    types = state.state_types()
     found: dict[int, tuple[Any, str]] = {}
-    for name in scan_order(namespace):
-        for _, obj in walk(name, namespace.get(name), ()):
+    for name in state.scan_order(namespace):
+        for _, obj in state.walk(name, namespace.get(name), ()):
             kind = types.kind(type(obj))
             if kind in LOOSE_KINDS and id(obj) not in found:
                 found[id(obj)] = (obj, kind)
-    if not found:
-        return []
-    own = owned(models, types)
+    own = state.owned(models, types) if found else None
     out = []
     for obj, kind in found.values():
-        if own.holds(obj, kind):
-            continue
-        held = held_by(obj, kind)
-        holders = paths.get(id(obj), [])
-        remedies = [holder_remedy(h) for h in holders]
-        out.append(
-            LiveModel(
-                _name(obj),
-                held.type,
-                held.size_bytes,
-                tuple(holders),
-                freeable=bool(remedies) and all(free for _, free in remedies),
-                remedies=tuple(r for r, _ in remedies),
-                kind=kind,
-            )
-        )
+        if own is not None and not own.holds(obj, kind):
+            held = state.held_by(obj, kind)
+            out.append(_listed(obj, held.type, held.size_bytes, paths.get(id(obj), []), kind))
     out.sort(key=lambda m: -m.size_bytes)
     return out[:MAX_LOOSE]
 
@@ -306,4 +634,4 @@ def _plain(item: LiveModel | Variable) -> dict[str, Any]:
 def deep_scan(namespace: Mapping[str, Any]) -> DeepScan:
     """Return every live model and the largest user variables (read-only: nothing is freed)."""
     models = tuple(live_models(namespace))
-    return DeepScan(models, tuple(largest_variables(namespace)), count_models(namespace))
+    return DeepScan(models, tuple(largest_variables(namespace)), state.count_models(namespace))

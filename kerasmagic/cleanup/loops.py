@@ -67,12 +67,10 @@ class Freezer:
     @classmethod
     def thaw(cls) -> None:
         """Give the frozen objects back to the collector (cell end, cleanup, unload)."""
-        if cls.frozen:
-            cls.frozen = False
-            if cls.ours:
-                cls.ours = False
-                gc.unfreeze()
-                cls.python_frozen = 0  # Python's own startup objects are thawed with ours
+        if cls.frozen and cls.ours:
+            gc.unfreeze()
+            cls.python_frozen = 0  # Python's own startup objects are thawed with ours
+        cls.frozen = cls.ours = False
 
 
 class LoopGuard:
@@ -81,7 +79,6 @@ class LoopGuard:
     def __init__(self, namespace: Mapping[str, Any]) -> None:
         self.namespace = namespace
         self.after = 0  # custom gradients left by the last purge (the models still alive)
-        self.freed = 0  # custom gradients purged between models, over the session
         self.patched: list[tuple[type, Callable[..., Any]]] = []
         self.in_cell = False  # between pre_run_cell and post_run_cell: a cell end will thaw
         self._lock = threading.Lock()  # any thread may import Keras, and so install
@@ -93,32 +90,23 @@ class LoopGuard:
         if len(self.patched) == len(OPTIMIZERS) or self.removed:
             return
         with self._lock:
-            if not self.removed:
-                self._install()
-
-    def _install(self) -> None:
-        for (module, name), reach in zip(OPTIMIZERS, REACHES, strict=True):
-            if module in sys.modules and not works(reach):  # moved: said once, by compat
-                continue
-            cls = getattr(sys.modules.get(module), name, None)
-            original = cls.__dict__.get("build") if isinstance(cls, type) else None
-            if original is None or getattr(original, _MARK, False):
-                continue
-            assert isinstance(cls, type)
-            type.__setattr__(cls, "build", self._wrap(original))
-            self.patched.append((cls, original))
+            for (module, name), reach in zip(OPTIMIZERS, REACHES, strict=True):
+                if self.removed or (module in sys.modules and not works(reach)):
+                    continue  # uninstalled, or moved: said once, by compat
+                cls = getattr(sys.modules.get(module), name, None)
+                original = cls.__dict__.get("build") if isinstance(cls, type) else None
+                if isinstance(cls, type) and original and not getattr(original, _MARK, False):
+                    type.__setattr__(cls, "build", self._wrap(original))
+                    self.patched.append((cls, original))
 
     def uninstall(self) -> None:
         """Put every wrapped ``build`` back, for good."""
         with self._lock:
             self.removed = True
-            self._uninstall()
-
-    def _uninstall(self) -> None:
-        for cls, original in reversed(self.patched):
-            type.__setattr__(cls, "build", original)
-        self.patched.clear()
-        Freezer.thaw()
+            for cls, original in reversed(self.patched):
+                type.__setattr__(cls, "build", original)
+            self.patched.clear()
+            Freezer.thaw()
 
     def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
@@ -142,17 +130,14 @@ class LoopGuard:
             return
         try:
             with held_interrupts() as held:
-                self._purge()
+                purge(self.namespace)
+                self.after = registered() or 0
             held.deliver()
         except KeyboardInterrupt:
             raise
         except Exception:  # never break the user's training: log once, go on
             log.warning("kerasmagic: could not free earlier models", exc_info=True)
             self.after = count
-
-    def _purge(self) -> None:
-        self.freed += purge(self.namespace)
-        self.after = registered() or 0
 
 
 Hooks = tuple[LoopGuard, Callable[[Any], None], Callable[[Any], None], Callable[[], None]]

@@ -1,13 +1,17 @@
 """What users call: ``run_isolated``, ``@isolated``, ``sweep`` and ``%%fresh_model --isolate``.
 
 The cell magic runs the cell's source in the child with the named ``--inputs`` as its globals;
-the named ``--outputs`` come back into the notebook only if the cell succeeds, so a failed or
-killed cell leaves every variable as it was. Nothing here imports TensorFlow, and IPython only
-for the magic.
+the named ``--outputs`` come back into the notebook only if the cell succeeds. Nothing here
+imports TensorFlow, and IPython only for the magic.
 
 ``gpus`` is the GPUs each run gets, spelt the way its runner can honour: locally the devices
 themselves (``CUDA_VISIBLE_DEVICES``: ``"0"``, ``"0,1"``, ``[1, 0]``, ``""`` for CPU only);
-on Ray how many, since Ray picks them (``1``, ``0.5`` shares one). :func:`gpus_for` reads it.
+on Ray how many, since Ray picks them (``1``, ``0.5`` shares one).
+
+On Ray every trial is ``@ray.remote(max_calls=1, max_retries=0)``: a fresh worker process per
+trial (its exit returns all its GPU memory), never silently rerun; a timeout calls
+``ray.cancel(force=True)``, which kills the worker. Worker output comes through Ray's own log
+forwarding (``log_to_driver``).
 """
 
 from __future__ import annotations
@@ -15,50 +19,47 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
-import itertools
 import keyword
 import math
 import pickle
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from kerasmagic.isolate.child import exec_cell
-from kerasmagic.isolate.runner import (
-    Outcome,
-    Progress,
-    Trial,
-    as_call,
-    local_sweep,
-    run_local,
-    unwrap,
-)
+from kerasmagic.isolate.runner import Trial, run_one, run_trials, unwrap
 
 F = TypeVar("F", bound=Callable[..., Any])
 GpuSpec = str | int | float | Sequence[int] | Sequence[str] | None
+_RAY_URL = re.compile(
+    r"ray://([A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):(\d{1,5})"
+)
 
 
 def gpu_spec(gpus: GpuSpec) -> str | None:
     """Return ``gpus`` as a ``CUDA_VISIBLE_DEVICES`` value ("" = CPU only, None = inherit)."""
-    if gpus is None or isinstance(gpus, str):
-        spec = gpus
-    elif isinstance(gpus, int):
-        spec = str(gpus)
-    elif isinstance(gpus, float):
+    if isinstance(gpus, float):
         raise ValueError(f"gpus: a number of GPUs ({gpus!r}) needs on='ray'; here give indices")
-    else:
-        spec = ",".join(str(int(g)) for g in gpus)
+    if isinstance(gpus, int):
+        gpus = str(gpus)
+    spec = gpus if gpus is None or isinstance(gpus, str) else ",".join(str(int(g)) for g in gpus)
     if spec and not all(part.strip().isdigit() for part in spec.split(",")):
         raise ValueError(f"gpus must be device indices like '0' or '0,1' (or '' for CPU): {spec!r}")
     return spec
 
 
-def gpus_for(gpus: Any, on: str | None) -> Any:
-    """Return ``gpus`` for the runner: locally a ``CUDA_VISIBLE_DEVICES`` value (None: inherit),
-    on Ray a number of GPUs per run; raise ValueError for any other form."""
+def _checked(timeout: float | None, on: str | None, gpus: Any = None) -> Any:
+    """Raise ValueError for a bad ``timeout``, ``on`` (before Ray is imported) or ``gpus``; return
+    ``gpus`` for the runner: locally a ``CUDA_VISIBLE_DEVICES`` value, on Ray a number per run."""
+    number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+    if timeout is not None and not (number and 0 < timeout < math.inf):
+        raise ValueError(f"timeout must be a positive, finite number of seconds: {timeout!r}")
     if on is None:
         return gpu_spec(gpus)
+    found = _RAY_URL.fullmatch(on) if isinstance(on, str) else None
+    if on != "ray" and (found is None or not 0 < int(found.group(2)) < 65536):
+        raise ValueError(f"on: expected 'ray' or 'ray://host:port' (port 1-65535), got {on!r}")
     try:
         count = 0.0 if gpus in (None, "") else float(gpus)
     except (TypeError, ValueError):
@@ -66,21 +67,6 @@ def gpus_for(gpus: Any, on: str | None) -> Any:
     if not (math.isfinite(count) and count >= 0):
         raise ValueError(f"gpus on Ray: a number of GPUs per run, e.g. 1 or 0.5, not {gpus!r}")
     return count
-
-
-def _check(timeout: float | None, on: str | None) -> None:
-    """Raise ValueError unless ``timeout`` is None or a positive, finite number of seconds and
-    ``on`` is None or a Ray address."""
-    from kerasmagic.isolate.ray_backend import check_on
-
-    if timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not (math.isfinite(timeout) and timeout > 0)
-    ):
-        raise ValueError(f"timeout must be a positive, finite number of seconds: {timeout!r}")
-    if on is not None:
-        check_on(on)
 
 
 def run_isolated(
@@ -98,13 +84,7 @@ def run_isolated(
     ``"ray://host:port"`` it is the number of GPUs per run (fractions allowed). Raises
     ``IsolatedError`` (with the child's traceback), ``IsolatedCrash`` or ``IsolatedTimeout``.
     """
-    _check(timeout, on)
-    wanted = gpus_for(gpus, on)
-    if on is not None:
-        from kerasmagic.isolate.ray_backend import ray_sweep
-
-        return unwrap(ray_sweep(fn, [(args, kwargs)], on=on, timeout_s=timeout, gpus=wanted)[0])
-    return unwrap(run_local(fn, args, kwargs, timeout_s=timeout, gpus=wanted))
+    return unwrap(run_one(fn, args, kwargs, on, timeout, _checked(timeout, on, gpus)))
 
 
 @overload
@@ -122,7 +102,7 @@ def isolated(
     on: str | None = None,
 ) -> F | Callable[[F], F]:
     """Make every call of ``fn`` run in a fresh process (``@isolated`` or ``@isolated(...)``)."""
-    _check(timeout, on)
+    _checked(timeout, on)
 
     def wrap(func: F) -> F:
         @functools.wraps(func)
@@ -154,120 +134,81 @@ def sweep(
     output streams into the cell when ``workers == 1`` (``stream``), else it is kept in
     ``trial.output``. On Ray, ``gpus`` is the GPUs per trial.
     """
-    _check(timeout, on)
+    many = on is None and isinstance(gpus, list | tuple)
+    count = _checked(timeout, on, None if many else gpus)
     configs = list(configs)
-    if on is not None:
-        from kerasmagic.isolate.ray_backend import ray_sweep
-
-        calls = [as_call(c) for c in configs]
-        count = gpus_for(gpus, on)
-        return ray_sweep(fn, calls, on=on, timeout_s=timeout, gpus=count, workers=workers,
-                         configs=configs, progress=progress)  # fmt: skip
-    workers = workers or 1
-    if workers < 1:
-        raise ValueError("workers must be at least 1")
-    specs = [gpu_spec(g) for g in gpus] if isinstance(gpus, list | tuple) else [gpu_spec(gpus)]
-    slots = list(itertools.islice(itertools.cycle(specs), workers))
-    stream = workers == 1 if stream is None else stream
-    show = Progress(len(configs), progress, newline=stream)
-    return local_sweep(fn, configs, workers=workers, timeout_s=timeout, gpu_slots=slots,
-                       progress=show, stream=stream)  # fmt: skip
+    if on is None:
+        workers = workers or 1
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        count = [gpu_spec(g) for g in gpus] if isinstance(gpus, list | tuple) else [count]
+    stream = on is not None or (workers == 1 if stream is None else stream)
+    # a dict config as keyword arguments, anything else as the one argument
+    calls = [((), dict(c)) if isinstance(c, Mapping) else ((c,), {}) for c in configs]
+    return run_trials(fn, calls, configs, on, timeout, count, workers, progress, stream)
 
 
 # -- %%fresh_model --isolate ---------------------------------------------------------------------
 
 
-def _usage(message: str) -> Exception:
-    """Return IPython's ``UsageError`` (imported here: the plain API needs no IPython)."""
-    from IPython.core.error import UsageError
-
-    return UsageError(message)
-
-
-def _names(names: list[str] | None, what: str) -> list[str]:
-    out = [n for raw in names or [] for n in raw.split(",") if n]
-    bad = [n for n in out if not n.isidentifier() or keyword.iskeyword(n)]
-    if bad:
-        raise _usage(f"--{what}: not a Python name: {', '.join(bad)}")
-    return out
-
-
-def _inputs(user_ns: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    missing = [n for n in names if n not in user_ns]
-    if missing:
-        raise _usage(f"--inputs: not defined in the notebook: {', '.join(missing)}")
-    return {n: user_ns[n] for n in names}
-
-
 def _needs_ipython(code: str) -> bool:
-    """Return whether ``code`` (IPython-transformed) uses ``get_ipython`` without binding it: a
-    ``%magic`` or ``!command`` line, or a call of the user's own. The child has no such name."""
+    """Return whether ``code`` uses ``get_ipython`` without binding it (a ``%magic``, ``!command``
+    or the user's own call): the child has no such name."""
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):  # the child reports it, as Python would
         return False
-    used = bound = False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id == "get_ipython":
-            used = used or isinstance(node.ctx, ast.Load)
-            bound = bound or not isinstance(node.ctx, ast.Load)
-        elif isinstance(node, ast.alias):
-            bound = bound or (node.asname or node.name) == "get_ipython"
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            bound = bound or node.name == "get_ipython"
-    return used and not bound
-
-
-def _checked_gpus(args: Any, code: str) -> Any:
-    """Refuse bad flags with one line; return the ``--gpus`` the runner takes."""
-    if _needs_ipython(code):
-        raise _usage(
-            "an isolated cell runs plain Python in a fresh process, without IPython: "
-            "remove its %magics, !commands and get_ipython() calls"
-        )
-    try:
-        _check(args.timeout, args.on)
-        return gpus_for(args.gpus, args.on)
-    except ValueError as exc:  # "timeout ...", "on: ...", "gpus ...": the flag's own name
-        raise _usage(f"--{exc}") from None
-
-
-def _run(args: Any, call: tuple[str, dict[str, Any], list[str]], gpus: Any) -> Outcome:
-    if args.on is None:
-        return run_local(exec_cell, call, timeout_s=args.timeout, gpus=gpus)
-    from kerasmagic.isolate.ray_backend import ray_sweep
-
-    try:
-        return ray_sweep(exec_cell, [(call, {})], on=args.on, timeout_s=args.timeout, gpus=gpus)[0]
-    except ImportError as exc:
-        raise _usage(str(exc)) from None
-
-
-def _hint(outcome: Outcome, user_ns: dict[str, Any]) -> None:
-    """Point at ``--inputs`` when the cell used a notebook name it was not given."""
-    if outcome.error_type != "NameError" or outcome.error is None:
-        return
-    found = re.search(r"name '(\w+)' is not defined", outcome.error)
-    if found and found.group(1) in user_ns:
-        name = found.group(1)
-        outcome.error += f"\n'{name}' exists in the notebook: pass it with --inputs {name}\n"
+    loads = [  # each get_ipython: read (True), or bound: assigned, imported, defined (False)
+        isinstance(getattr(node, "ctx", None), ast.Load)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name | ast.alias | ast.FunctionDef | ast.AsyncFunctionDef)
+        and "get_ipython"
+        in (getattr(node, "id", 0), getattr(node, "asname", 0) or getattr(node, "name", 0))
+    ]
+    return any(loads) and all(loads)
 
 
 def run_cell_isolated(shell: Any, args: Any, cell: str) -> Any:
     """Run ``cell`` in a fresh process; bind ``--outputs``; return its last expression's value."""
+    from IPython.core.error import UsageError  # the plain API needs no IPython
+
     from kerasmagic.cells.run import transformed_body
 
     code = "\n" + transformed_body(shell, cell)  # the magic's line: the cell's line numbers
-    gpus = _checked_gpus(args, code)
-    if importlib.util.find_spec("cloudpickle") is None:
-        raise _usage("--isolate needs cloudpickle: pip install 'kerasmagic[isolate]'")
-    outputs = _names(args.outputs, "outputs")
-    inputs = _inputs(shell.user_ns, _names(args.inputs, "inputs"))
+    if _needs_ipython(code):
+        raise UsageError(
+            "an isolated cell runs plain Python in a fresh process, without IPython: "
+            "remove its %magics, !commands and get_ipython() calls"
+        )
     try:
-        outcome = _run(args, (code, inputs, outputs), gpus)
+        gpus = _checked(args.timeout, args.on, args.gpus)
+    except ValueError as exc:  # "timeout ...", "on: ...", "gpus ...": the flag's own name
+        raise UsageError(f"--{exc}") from None
+    if importlib.util.find_spec("cloudpickle") is None:
+        raise UsageError("--isolate needs cloudpickle: pip install 'kerasmagic[isolate]'")
+
+    def names(given: list[str] | None, flag: str) -> list[str]:
+        out = [n for raw in given or [] for n in raw.split(",") if n]
+        if bad := [n for n in out if not n.isidentifier() or keyword.iskeyword(n)]:
+            raise UsageError(f"--{flag}: not a Python name: {', '.join(bad)}")
+        return out
+
+    outputs, inputs = names(args.outputs, "outputs"), names(args.inputs, "inputs")
+    if missing := [n for n in inputs if n not in shell.user_ns]:
+        raise UsageError(f"--inputs: not defined in the notebook: {', '.join(missing)}")
+    call = (code, {n: shell.user_ns[n] for n in inputs}, outputs)
+    try:
+        outcome = run_one(exec_cell, call, {}, args.on, args.timeout, gpus)
     except (TypeError, AttributeError, pickle.PicklingError) as exc:
-        raise _usage(f"an input cannot be sent to the child process: {exc}") from None
-    _hint(outcome, shell.user_ns)
+        raise UsageError(f"an input cannot be sent to the child process: {exc}") from None
+    except ImportError as exc:  # Ray is not installed
+        if args.on is None:
+            raise
+        raise UsageError(str(exc)) from None
+    found = re.search(r"name '(\w+)' is not defined", outcome.error or "")
+    if outcome.error_type == "NameError" and found and found.group(1) in shell.user_ns:
+        hint = f"'{found.group(1)}' exists in the notebook: pass it with --inputs {found.group(1)}"
+        outcome.error = f"{outcome.error}\n{hint}\n"
     value = unwrap(outcome)
     shell.user_ns.update(value["outputs"])
     if not args.quiet:

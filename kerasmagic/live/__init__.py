@@ -1,12 +1,13 @@
 """Live memory monitor: per-cell records, a background peak sampler, the leak detector.
 
 ``%load_ext kerasmagic`` gives each shell one ``LiveMonitor`` (``monitor.py``, with its
-``Sampler`` thread) fed by IPython's cell events; ``leak.py`` holds the per-cell ``CellRecord``
-everyone reads and judges re-runs (``LeakDetector``), wording the remedy.
+``Sampler`` thread) fed by IPython's cell events; ``leak.py`` holds the ``CellRecord`` and judges
+re-runs (``LeakDetector``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from typing import Any
@@ -20,6 +21,9 @@ log = logging.getLogger(__name__)
 # Each shell's records at its last unload: a reload in the same kernel goes on from them (the
 # sidebar's chart, the widget, the leak detector), as the kernel's own cells do.
 _kept: weakref.WeakKeyDictionary[Any, Records] = weakref.WeakKeyDictionary()
+HOOKS = ("pre_run_cell", "post_run_cell")
+__all__ = ["CellRecord", "LeakVerdict", "LiveMonitor", "MemorySnapshot", "get_monitor", "history"]
+__all__ += ["load", "source_hash", "unload"]
 
 
 def get_monitor(shell: Any) -> LiveMonitor | None:
@@ -38,52 +42,29 @@ def history() -> list[CellRecord]:
 
 
 def load(state: ShellState) -> LiveMonitor:
-    """Create the shell's monitor, register its hooks and start its sampler."""
-    shell = state.shell
-    explainer = state.part("oom")  # loaded before: its facts go into each cell's record
-    oom = getattr(explainer, "facts", None)
-    monitor = LiveMonitor(shell, oom=oom, parent=state.magics)
-    kept = _kept.pop(shell, None) if _weakable(shell) else None
+    """Create the shell's monitor (its ``oom`` part, loaded before, gives each record its
+    out-of-memory facts), go on from its records at the last unload, start it."""
+    shell, kept = state.shell, None
+    monitor = LiveMonitor(shell, oom=getattr(state.part("oom"), "facts", None), parent=state.magics)
+    with contextlib.suppress(TypeError):  # a shell of no class of its own: each load starts afresh
+        kept = _kept.pop(shell, None)
     count = getattr(shell, "execution_count", None)
     if kept and kept[0] and isinstance(count, int) and kept[0][-1].execution_count < count:
         monitor.resume(kept)  # the same run of cells: a count that went back is another
-    shell.events.register("pre_run_cell", monitor.pre_run_cell)
-    shell.events.register("post_run_cell", monitor.post_run_cell)
+    for event in HOOKS:
+        shell.events.register(event, getattr(monitor, event))
     monitor.start()
     return monitor
 
 
 def unload(state: ShellState, monitor: LiveMonitor) -> None:
     """Unregister the hooks, stop the sampler thread and keep the records for a reload."""
-    if _weakable(state.shell):
-        _kept[state.shell] = monitor.records()
-    for event, fn in (
-        ("pre_run_cell", monitor.pre_run_cell),
-        ("post_run_cell", monitor.post_run_cell),
-    ):
+    records = monitor.records()
+    with contextlib.suppress(TypeError):  # not weakly referenceable: nothing kept
+        _kept[state.shell] = records
+    for event in HOOKS:
         try:
-            state.shell.events.unregister(event, fn)
+            state.shell.events.unregister(event, getattr(monitor, event))
         except ValueError:
             log.debug("kerasmagic: %s hook already removed", event)
     monitor.stop()
-
-
-def _weakable(shell: Any) -> bool:
-    try:
-        weakref.ref(shell)
-    except TypeError:  # a shell of no class of its own: each load starts afresh
-        return False
-    return True
-
-
-__all__ = [
-    "CellRecord",
-    "LeakVerdict",
-    "LiveMonitor",
-    "MemorySnapshot",
-    "get_monitor",
-    "history",
-    "load",
-    "source_hash",
-    "unload",
-]

@@ -1,11 +1,9 @@
 """The per-cell record, and whether re-running a cell keeps growing memory or graphs.
 
-Pure logic: no IPython, no TensorFlow. A cell counts as leaking when each of its last
-``min_runs`` runs (same source hash) grew the same figure, by enough in total, and no single run
-carries most of that growth (one big allocation is not a leak). TensorFlow's allocator has no
-noise (what it counts, it counts to the byte), so there any growth in each of those runs counts.
-The advice depends on how the cell ran: a plain cell is told to use ``%%fresh_model``; a cell
-that already runs under it is told what ``%%fresh_model`` cannot free and what to change instead.
+Pure logic: no IPython, no TensorFlow. A cell leaks when each of its last ``min_runs`` runs (same
+source hash) grew the same figure, by enough in total, with no single run carrying most of it
+(TensorFlow's allocator is exact: there any growth in each run counts). The advice depends on how
+the cell ran: plain, under ``%%fresh_model``, or isolated.
 """
 
 from __future__ import annotations
@@ -45,9 +43,8 @@ class CellRecord:
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict that ``json.dumps`` accepts."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["start"], out["end"] = self.start.to_dict(), self.end.to_dict()
-        out["delta"] = self.delta.to_dict()
-        out["oom"] = None if self.oom is None else self.oom.to_dict()
+        for key in ("start", "end", "delta", "oom"):
+            out[key] = None if out[key] is None else out[key].to_dict()
         return out
 
 
@@ -57,17 +54,12 @@ def source_hash(source: str) -> str:
 
 
 # -- advice: the cause, and the remedy that fits how the cell ran -----------------------------
-PLAIN = "plain"
-FRESH = "fresh"
-ISOLATED = "isolate"
-
+PLAIN, FRESH, ISOLATED = "plain", "fresh", "isolate"
 FRESH_REMEDY = (
     "Run the cell under %%fresh_model (frees stale models, TF's gradient registry and Keras "
     "names first), or %%fresh_model --isolate to train in a fresh process."
 )
-
-# what -> advice for a cell that already runs under %%fresh_model
-UNDER_FRESH = {
+UNDER_FRESH = {  # what -> advice for a cell that already runs under %%fresh_model
     "graph_ops": (
         "The cell adds ops to TensorFlow's default graph on every run (TF1 graph mode): create "
         "the ops once in an earlier cell and feed new values (placeholders, feed_dict), or "
@@ -99,25 +91,11 @@ UNDER_FRESH = {
         "native memory that only a process exit returns: %%fresh_model --isolate."
     ),
 }
-
 UNDER_ISOLATE = (
     "The cell runs isolated, so the growth is in what it brings back into the kernel "
     "(--outputs) or in data the kernel keeps: bring back weights or metrics, not arrays."
 )
-
-SLOWDOWN = " Each op added makes later session calls slower"
-# Columns: the message is wrapped between words (as cleanup.WIDTH wraps its report), since a
-# notebook's output breaks a long line anywhere, inside words too.
-WIDTH = 80
-
-
-def remedy(what: str, mode: str) -> str:
-    """Return the advice for growth of ``what`` in a cell that ran in ``mode``."""
-    if mode == ISOLATED:
-        return UNDER_ISOLATE
-    if mode != FRESH:
-        return FRESH_REMEDY
-    return UNDER_FRESH.get(what, UNDER_FRESH["memory"])
+WIDTH = 80  # columns: a notebook breaks a long line anywhere, so the message wraps between words
 
 
 def cell_mode(source: str) -> str:
@@ -128,14 +106,6 @@ def cell_mode(source: str) -> str:
     return ISOLATED if "--isolate" in first.split() else FRESH
 
 
-def slowdown(durations_s: list[float]) -> str:
-    """Return " (runs took 0.21 s → 0.35 s)" when the runs got steadily slower, else ""."""
-    if len(durations_s) < 2 or durations_s[-1] < 1.2 * durations_s[0]:
-        return ""
-    return f" (its runs took {durations_s[0]:.2f} s → {durations_s[-1]:.2f} s)"
-
-
-# -- the leak detector ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LeakVerdict:
     """``growing``: a figure grew run after run; ``what`` names it; ``message`` says it in words,
@@ -151,31 +121,24 @@ class LeakVerdict:
 
 
 STABLE = LeakVerdict(False, "", "stable")
-
-# (what, how to read it from a record, unit, whether it is in bytes)
-Getter = Callable[["CellRecord"], "int | None"]
-SIGNALS: tuple[tuple[str, Getter, str], ...] = (
-    ("tf_tensors", lambda r: r.delta.device_bytes.get("tensorflow"), "TensorFlow's tensors"),
-    ("rss", lambda r: r.delta.rss_bytes, "RSS"),
-    ("gpu", lambda r: r.delta.gpu_used_bytes, "GPU memory"),
-    ("backend", lambda r: r.delta.backend_bytes, "the Keras backend's device memory"),
-    ("custom_gradients", lambda r: _tf(r, "custom_gradients"), "TF custom-gradient registry"),
-    ("functions", lambda r: _tf(r, "functions"), "traced TF functions"),
-    ("graph_ops", lambda r: _tf(r, "default_graph_ops"), "default-graph ops"),
-    ("live_models", lambda r: r.delta.live_models, "live Keras models"),
-    ("name_counter", lambda r: r.delta.name_counter, "Keras layer-name counter"),
-)
-BYTE_SIGNALS = frozenset({"tf_tensors", "rss", "gpu", "backend"})
-# Read from an allocator exact to the byte: any growth in every run counts, with no noise floor.
-EXACT_SIGNALS = frozenset({"tf_tensors"})
+SIGNALS: dict[str, tuple[Callable[[CellRecord], int | None], str]] = {  # what -> read it, label
+    "tf_tensors": (lambda r: r.delta.device_bytes.get("tensorflow"), "TensorFlow's tensors"),
+    "rss": (lambda r: r.delta.rss_bytes, "RSS"),
+    "gpu": (lambda r: r.delta.gpu_used_bytes, "GPU memory"),
+    "backend": (lambda r: r.delta.backend_bytes, "the Keras backend's device memory"),
+    "custom_gradients": (lambda r: _tf(r, "custom_gradients"), "TF custom-gradient registry"),
+    "functions": (lambda r: _tf(r, "functions"), "traced TF functions"),
+    "graph_ops": (lambda r: _tf(r, "default_graph_ops"), "default-graph ops"),
+    "live_models": (lambda r: r.delta.live_models, "live Keras models"),
+    "name_counter": (lambda r: r.delta.name_counter, "Keras layer-name counter"),
+}
+BYTE_SIGNALS = ("tf_tensors", "rss", "gpu", "backend")  # tf_tensors: exact, no noise floor
+RunsOf = Mapping[str, Sequence[CellRecord]]  # a source hash -> that cell's latest runs
+CAUSES = ("graph_ops", "functions", "custom_gradients", "live_models", "name_counter")
 
 
 def _tf(record: CellRecord, cache: str) -> int | None:
     return record.delta.cache("tensorflow", cache)
-
-
-def _mb(n: float) -> str:
-    return f"{n / 2**20:.1f} MB" if abs(n) >= 2**20 / 10 else f"{n / 1024:.1f} KB"
 
 
 class LeakDetector(Configurable):
@@ -193,35 +156,22 @@ class LeakDetector(Configurable):
     max_share = Float(
         0.7, help="No single run may carry more than this share of the total growth."
     ).tag(config=True)
-
     window = Int(
         4, help="Judge only cells run among the last `window` cells (fixed cells stop warning)."
     ).tag(config=True)
 
-    def judge(
-        self,
-        history: Sequence[CellRecord],
-        runs_of: Mapping[str, Sequence[CellRecord]] | None = None,
-    ) -> LeakVerdict:
-        """Return the first growing verdict among recently run cells, newest first.
-
-        ``runs_of`` maps a source hash to that cell's latest runs (the monitor keeps this index
-        so a long history is not scanned per cell); without it the history is scanned.
-        """
+    def judge(self, history: Sequence[CellRecord], runs_of: RunsOf | None = None) -> LeakVerdict:
+        """Return the first growing verdict among recently run cells, newest first. ``runs_of``
+        maps a source hash to that cell's latest runs (else the history is scanned)."""
         seen: set[str] = set()
         for record in reversed(history[-max(1, self.window) :]):
             key = record.source_hash
-            if not key or key in seen:
-                continue
-            seen.add(key)
-            runs = (
-                runs_of[key]
-                if runs_of is not None and key in runs_of
-                else [r for r in history if r.source_hash == key]
-            )
-            verdict = self.judge_runs(list(runs)[-self.min_runs :])
-            if verdict.growing:
-                return verdict
+            if key and key not in seen:
+                seen.add(key)
+                runs = (runs_of or {}).get(key) or [r for r in history if r.source_hash == key]
+                verdict = self.judge_runs(list(runs)[-self.min_runs :])
+                if verdict.growing:
+                    return verdict
         return STABLE
 
     def judge_runs(self, runs: Sequence[CellRecord]) -> LeakVerdict:
@@ -229,24 +179,18 @@ class LeakDetector(Configurable):
         if len(runs) < max(self.min_runs, 2):
             return STABLE
         growing: dict[str, list[int]] = {}
-        for what, get, _ in SIGNALS:
+        for what, (get, _) in SIGNALS.items():
             values = [get(r) for r in runs]
-            if any(v is None for v in values):
-                continue
             steps = [int(v) for v in values if v is not None]
-            if what in EXACT_SIGNALS:
-                if all(step > 0 for step in steps):
-                    growing[what] = steps
-            elif self._grows(steps, what in BYTE_SIGNALS):
+            if len(steps) == len(values) and self._grows(what, steps):
                 growing[what] = steps
-        if not growing:
-            return STABLE
-        return self._verdict(runs, growing)
+        return self._verdict(runs, growing) if growing else STABLE
 
-    def _grows(self, steps: list[int], in_bytes: bool) -> bool:
-        floor = self.min_step_bytes if in_bytes else 1
-        total = sum(steps)
-        if any(s < floor for s in steps) or total <= 0:
+    def _grows(self, what: str, steps: list[int]) -> bool:
+        in_bytes, total = what in BYTE_SIGNALS, sum(steps)
+        if what == "tf_tensors":
+            return all(step > 0 for step in steps)
+        if any(s < (self.min_step_bytes if in_bytes else 1) for s in steps) or total <= 0:
             return False
         if in_bytes and total < self.min_total_bytes:
             return False
@@ -256,26 +200,25 @@ class LeakDetector(Configurable):
         """Name the first growing figure, its likely cause among the others, and the remedy."""
         what, steps = next(iter(growing.items()))
         cause = next((w for w in CAUSES if w in growing), "memory")
-        last = runs[-1]
-        message = (
+        first, last = runs[0].duration_s, runs[-1]
+        said = (
             f"Cell [{last.execution_count}] grows {_amount(what, steps)} per run over its last "
             f"{len(steps)} runs"
         )
         if cause in growing and cause != what:
-            message += f", and {_amount(cause, growing[cause])} per run"
-        message += "."
+            said += f", and {_amount(cause, growing[cause])} per run"
         if cause == "graph_ops":
-            message += SLOWDOWN + slowdown([r.duration_s for r in runs]) + "."
-        said = f"{message} {remedy(cause, last.mode)}"
-        return LeakVerdict(
-            True, what, textwrap.fill(said, WIDTH, break_long_words=False, break_on_hyphens=False)
+            took = f" (its runs took {first:.2f} s → {last.duration_s:.2f} s)"
+            said += ". Each op added makes later session calls slower"
+            said += took if last.duration_s >= 1.2 * first else ""
+        remedy = {ISOLATED: UNDER_ISOLATE, FRESH: UNDER_FRESH[cause]}.get(last.mode, FRESH_REMEDY)
+        said = textwrap.fill(
+            f"{said}. {remedy}", WIDTH, break_long_words=False, break_on_hyphens=False
         )
-
-
-CAUSES = ("graph_ops", "functions", "custom_gradients", "live_models", "name_counter")
-LABELS = {what: label for what, _, label in SIGNALS}
+        return LeakVerdict(True, what, said)
 
 
 def _amount(what: str, steps: list[int]) -> str:
-    per_run = sum(steps) / len(steps)
-    return f"{LABELS[what]} by " + (_mb(per_run) if what in BYTE_SIGNALS else f"{per_run:.0f}")
+    n = sum(steps) / len(steps)
+    size = f"{n / 2**20:.1f} MB" if abs(n) >= 2**20 / 10 else f"{n / 1024:.1f} KB"
+    return f"{SIGNALS[what][1]} by {size if what in BYTE_SIGNALS else f'{n:.0f}'}"

@@ -1,20 +1,20 @@
 """The live monitor: between-cell records, a background peak sampler, subscribers (views).
 
-``pre_run_cell``/``post_run_cell`` take a cheap snapshot on the main thread (no gc scan, no
-function-library listing, no TF import). The sampler thread reads only RAM, NVML and the
-backends' figures a thread can read (``Backend.refresh``: TF's allocator, its registry and
-function count), reuses the default graph's and Keras's figures of the last main-thread
-snapshot (both are per thread) and never touches user objects.
+The cell hooks take a cheap snapshot on the main thread (no gc scan, no TF import). The sampler
+thread reads only RAM, NVML and what the backends let a thread read (``Backend.refresh``), reuses
+the last main-thread snapshot's per-thread figures (default graph, Keras) and never touches user
+objects.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from traitlets import Float, Int
@@ -23,20 +23,9 @@ from traitlets.config import Configurable
 import kerasmagic.probes as probes
 from kerasmagic.backends import keras_backend, read_active
 from kerasmagic.compat.registry import say_once
-from kerasmagic.interrupts.held import (
-    held_interrupts,
-    interrupt_finished_cell,
-    interrupt_next_cell,
-)
-from kerasmagic.live.leak import (
-    FRESH,
-    STABLE,
-    CellRecord,
-    LeakDetector,
-    LeakVerdict,
-    cell_mode,
-    source_hash,
-)
+from kerasmagic.interrupts.held import held_interrupts, interrupt_finished_cell, interrupt_next_cell
+from kerasmagic.live import leak
+from kerasmagic.live.leak import CellRecord, LeakDetector, LeakVerdict, cell_mode, source_hash
 from kerasmagic.oom.explain import OomFacts
 from kerasmagic.probes import GpuInfo, RamInfo, read_ram
 from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
@@ -50,11 +39,8 @@ Records = tuple[list[CellRecord], dict[str, deque[CellRecord]]]  # the history, 
 
 
 def _never_raise(hook: Callable[[Any], None], arg: Any) -> bool:
-    """Run a cell hook with Ctrl-C held; return whether a Ctrl-C arrived meanwhile.
-
-    A failure is one warning line (once per kind of failure), never a traceback after the
-    user's cell; the full traceback goes to the debug log.
-    """
+    """Run a cell hook with Ctrl-C held; return whether a Ctrl-C arrived meanwhile. A failure is
+    one warning line (once per kind), never a traceback after the user's cell."""
     with held_interrupts() as held:
         try:
             hook(arg)
@@ -68,21 +54,16 @@ def _never_raise(hook: Callable[[Any], None], arg: Any) -> bool:
 class LiveMonitor(Configurable):
     """Records every cell of one shell and publishes samples; configure as ``c.LiveMonitor``."""
 
-    interval_s = Float(0.5, help="Seconds between samples while a cell runs.").tag(config=True)
-    idle_interval_s = Float(2.0, help="Seconds between samples while no cell runs.").tag(
-        config=True
-    )
-    history_size = Int(1000, help="Cells kept in the history (oldest dropped first).").tag(
-        config=True
-    )
+    interval_s = Float(0.5, config=True, help="Seconds between samples while a cell runs.")
+    idle_interval_s = Float(2.0, config=True, help="Seconds between samples while no cell runs.")
+    history_size = Int(1000, config=True, help="Cells kept in the history (oldest dropped first).")
 
     def __init__(
         self, shell: Any, oom: Callable[[Any], OomFacts | None] | None = None, **kwargs: Any
     ) -> None:
         """``oom`` returns the out-of-memory facts of a cell's result (``Explainer.facts``)."""
         super().__init__(**kwargs)
-        self._shell = shell
-        self._oom = oom
+        self._shell, self._oom = shell, oom
         self._history: deque[CellRecord] = deque(maxlen=max(1, self.history_size))
         self._subscribers: list[Subscriber] = []
         self._views: dict[str, Any] = {}  # the widget or line printer this monitor feeds
@@ -91,12 +72,11 @@ class LiveMonitor(Configurable):
         self._start: tuple[MemorySnapshot, str, str] | None = None
         self._at_cell_end: Callable[[CellRecord | None], None] | None = None
         self._recorded: CellRecord | None = None  # this cell's record, for _at_cell_end
-        self._verdict = STABLE
+        self._verdict = leak.STABLE
         self._runs_of: dict[str, deque[CellRecord]] = {}  # source hash -> its latest runs
         self.detector = LeakDetector(parent=self)
         self.sampler = Sampler(self.interval_s, self.idle_interval_s, self._on_sample)
 
-    # -- public API ------------------------------------------------------------------------
     def history(self) -> list[CellRecord]:
         """Return the recorded cells, oldest first."""
         with self._lock:
@@ -125,17 +105,16 @@ class LiveMonitor(Configurable):
             self._subscribers.append(fn)
 
         def unsubscribe() -> None:
-            with self._lock:
-                if fn in self._subscribers:
-                    self._subscribers.remove(fn)
+            with self._lock, contextlib.suppress(ValueError):
+                self._subscribers.remove(fn)
 
         return unsubscribe
 
     def at_cell_end(self, fn: Callable[[CellRecord | None], None]) -> bool:
-        """Have ``fn(record)`` run once this ``%%fresh_model`` cell is recorded (its report line,
-        then, reads the same figures as the cell's record and badge); False when no such cell is
-        being recorded or one is already waiting (a magic called again inside the cell)."""
-        if self._start is None or self._start[2] != FRESH or self._at_cell_end is not None:
+        """Have ``fn(record)`` run once this ``%%fresh_model`` cell is recorded (so its report
+        line reads the record's figures); False when no such cell is being recorded or one is
+        already waiting (a magic called again inside the cell)."""
+        if self._start is None or self._start[2] != leak.FRESH or self._at_cell_end is not None:
             return False
         self._at_cell_end = fn
         return True
@@ -149,11 +128,8 @@ class LiveMonitor(Configurable):
         return self._verdict
 
     def refresh(self) -> MemorySnapshot:
-        """Take a full snapshot (main thread only), make it the latest and emit it as a sample.
-
-        For a cleanup between cells: later samples then build on its Keras and graph figures
-        instead of those of the last cell's end.
-        """
+        """Take a full snapshot (main thread only), make it the latest and emit it as a sample:
+        after a cleanup, later samples build on its figures, not the last cell's."""
         snap = take_snapshot(self._shell.user_ns)
         with self._lock:
             self._latest = snap
@@ -167,22 +143,15 @@ class LiveMonitor(Configurable):
             interrupt_next_cell(self._shell)  # Ctrl-C before the cell ran: it must not run
 
     def _pre_run_cell(self, info: Any) -> None:
-        snap = self._start_snapshot()
+        latest = self._latest  # no user code ran since: only RSS is read afresh (half the cost)
+        if latest is None:
+            snap = take_snapshot(self._shell.user_ns, light=True)
+        else:
+            snap = replace(latest, time_s=time.time(), ram=read_ram())
         source = getattr(info, "raw_cell", "") or ""
         self._start = (snap, source_hash(source), cell_mode(source))
         self._latest = snap
         self.sampler.cell_started(snap.ram.rss_bytes, snap.gpu_used_bytes)
-
-    def _start_snapshot(self) -> MemorySnapshot:
-        """Return the state at a cell's start: fresh RSS, the rest from the newest snapshot.
-
-        No user code runs between cells, so GPU, graph and Keras figures of the last cell's end
-        (or of a newer sample) still hold; re-reading only RSS halves the hook's cost.
-        """
-        latest = self._latest
-        if latest is None:
-            return take_snapshot(self._shell.user_ns, light=True)
-        return dataclasses.replace(latest, time_s=time.time(), ram=read_ram())
 
     def post_run_cell(self, result: Any) -> None:
         """Record the cell, judge the history, and tell subscribers (never raises); what
@@ -198,49 +167,43 @@ class LiveMonitor(Configurable):
         self._recorded = None
         if self._start is None:
             return
-        start, key, mode = self._start
-        self._start = None
+        (start, key, mode), self._start = self._start, None
         try:
             end = take_snapshot(self._shell.user_ns, light=True)
         except BaseException:
             self.sampler.cell_finished(start.ram.rss_bytes, None)  # back to idle sampling
             raise
         peak_rss, peak_gpu = self.sampler.cell_finished(end.ram.rss_bytes, end.gpu_used_bytes)
-        peak_rss = max(peak_rss, rusage_peak(start, end))
+        before, after = start.ram.peak_rss_bytes, end.ram.peak_rss_bytes
+        if before is not None and after is not None and after > before:  # a new all-time high
+            peak_rss = max(peak_rss, after)
         count = getattr(result, "execution_count", None)
-        record = CellRecord(
-            execution_count=int(count if count is not None else self._shell.execution_count),
-            started_s=start.time_s,
-            duration_s=end.time_s - start.time_s,
-            start=start,
-            end=end,
-            delta=diff(start, end),
-            peak_rss_bytes=peak_rss,
-            peak_gpu_bytes=peak_gpu,
-            source_hash=key,
-            mode=mode,
-            oom=None if self._oom is None else self._oom(result),
-        )
+        count = int(count if count is not None else self._shell.execution_count)
+        oom = None if self._oom is None else self._oom(result)
+        cell = (count, start.time_s, end.time_s - start.time_s, start, end, diff(start, end))
+        record = CellRecord(*cell, peak_rss, peak_gpu, key, mode, oom)
+        runs = self._runs_of.pop(key, None) or deque(maxlen=RUNS_KEPT)
+        runs.append(record)
         with self._lock:
             self._history.append(record)
             history = list(self._history)
-        runs = self._runs_of.pop(key, None) or deque(maxlen=RUNS_KEPT)
-        runs.append(record)
-        self._runs_of[key] = runs  # most recently run last
-        if len(self._runs_of) > MAX_SOURCES:
-            del self._runs_of[next(iter(self._runs_of))]  # the least recently run cell
-        with self._lock:
+            self._runs_of[key] = runs  # most recently run last
+            if len(self._runs_of) > MAX_SOURCES:
+                del self._runs_of[next(iter(self._runs_of))]  # the least recently run cell
             self._latest = end
         self._recorded = record
         self._verdict = self.detector.judge(history, self._runs_of)
         self._emit("cell", record)
 
     # -- sampler thread ----------------------------------------------------------------------
-    def _on_sample(self, ram: Any, gpu: Any) -> None:
+    def _on_sample(self, ram: RamInfo, gpu: GpuInfo) -> None:
+        """Emit the latest snapshot with what a thread can read afresh: memory and the backends
+        (not TF's default graph: it is per thread), so a first ``fit()`` shows TF as it runs."""
         base = self._latest
         if base is None:
             return
-        snap = _refreshed(base, ram, gpu)
+        now, name, found = time.time(), keras_backend(), read_active(earlier=base.backends)
+        snap = replace(base, time_s=now, ram=ram, gpu=gpu, keras_backend=name, backends=found)
         with self._lock:  # a cell's end snapshot may have landed meanwhile: it wins
             if self._latest is not base:
                 return
@@ -273,11 +236,10 @@ class LiveMonitor(Configurable):
                 log.debug("kerasmagic: closing a view failed", exc_info=True)
 
     def attach(self, key: str, view: Any) -> Any:
-        """Keep ``view`` (anything with ``close()``) as this monitor's ``key`` view; closed on
-        ``stop()``. Return the view it replaces, if any (the caller closes it)."""
+        """Keep ``view`` (anything with ``close()``) as this monitor's ``key`` view, closed on
+        ``stop()``; return the view it replaces, if any (the caller closes it)."""
         with self._lock:
-            old = self._views.get(key)
-            self._views[key] = view
+            old, self._views[key] = self._views.get(key), view
         return old
 
     def view(self, key: str) -> Any | None:
@@ -285,41 +247,15 @@ class LiveMonitor(Configurable):
         return self._views.get(key)
 
 
-def _refreshed(base: MemorySnapshot, ram: Any, gpu: Any) -> MemorySnapshot:
-    """Return ``base`` with what a background thread can read afresh: memory and the backends
-    (not TensorFlow's default graph: it is per thread), so a first ``fit()`` shows TensorFlow
-    while it runs, not the state before the cell."""
-    return dataclasses.replace(
-        base,
-        time_s=time.time(),
-        ram=ram,
-        gpu=gpu,
-        keras_backend=keras_backend(),
-        backends=read_active(earlier=base.backends),
-    )
-
-
-def rusage_peak(start: MemorySnapshot, end: MemorySnapshot) -> int:
-    """Return the process's peak RSS if it reached a new all-time high during the cell, else 0."""
-    before, after = start.ram.peak_rss_bytes, end.ram.peak_rss_bytes
-    return after if before is not None and after is not None and after > before else 0
-
-
 class Sampler:
-    """Sample every ``interval_s`` while a cell runs, every ``idle_interval_s`` otherwise.
-
-    A daemon thread reading RAM and NVML and keeping the peaks of a cell (its callback reads the
-    backends' allocators on the same thread). It sleeps on an ``Event`` between samples (fast
-    while a cell runs, slow while idle), never raises into the kernel and holds no reference to
-    any user object.
-    """
+    """A daemon thread that samples RAM and NVML every ``interval_s`` while a cell runs (keeping
+    its peaks), every ``idle_interval_s`` otherwise; it sleeps on an ``Event``, never raises
+    into the kernel and holds no user object."""
 
     def __init__(self, interval_s: float, idle_interval_s: float, on_sample: OnSample) -> None:
-        self.interval_s = interval_s
-        self.idle_interval_s = idle_interval_s
+        self.interval_s, self.idle_interval_s = interval_s, idle_interval_s
         self._on_sample = on_sample
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self._stop, self._lock = threading.Event(), threading.Lock()
         self._running_cell = False
         self._cell = 0  # counts cell starts, so a late reading never lands in the next cell
         self._peak_rss = 0
@@ -339,11 +275,12 @@ class Sampler:
 
     def start(self) -> None:
         """Start the thread (once)."""
-        if self.alive:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="kerasmagic-sampler", daemon=True)
-        self._thread.start()
+        if not self.alive:
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._loop, name="kerasmagic-sampler", daemon=True
+            )
+            self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the thread and wait for it."""
@@ -355,8 +292,7 @@ class Sampler:
     def cell_started(self, rss_bytes: int, gpu_bytes: int | None) -> None:
         """Reset the peaks to the cell's start values; samples come every tick until it ends."""
         with self._lock:
-            self._running_cell = True
-            self._cell += 1
+            self._running_cell, self._cell = True, self._cell + 1
             self._peak_rss, self._peak_gpu = rss_bytes, gpu_bytes
 
     def cell_finished(self, rss_bytes: int, gpu_bytes: int | None) -> tuple[int, int | None]:
@@ -374,8 +310,7 @@ class Sampler:
     def sample_once(self) -> None:
         """Read the probes once, update the peaks and report; log (never raise) failures."""
         try:
-            with self._lock:
-                cell = self._cell
+            cell = self._cell
             ram, gpu = probes.read_ram(), probes.read_gpus()  # not this module's read_ram
             with self._lock:
                 if self._running_cell and self._cell == cell:

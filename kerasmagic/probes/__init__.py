@@ -20,8 +20,7 @@ import psutil
 
 from kerasmagic.compat.registry import works
 from kerasmagic.probes.nvml import GpuDevice, GpuInfo, read_gpus
-from kerasmagic.walk.near import count_models
-from kerasmagic.walk.state import items_of, model_types, scan_order
+from kerasmagic.walk import count_models, items_of, model_types, scan_order
 
 __all__ = [
     "GpuDevice",
@@ -106,7 +105,7 @@ def read_ram() -> RamInfo:
 @dataclass(frozen=True)
 class KerasInfo:
     """Whether Keras is imported, its auto-name counter, and the live models named in the
-    notebook (``walk.near.count_models``: the subset of every live model that is cheap to count
+    notebook (``walk.state.count_models``: the subset of every live model that is cheap to count
     after each cell; the deep scan counts them all)."""
 
     imported: bool

@@ -2,14 +2,15 @@
 
 The frontend opens a comm and asks for a snapshot, the history, a cleanup or a scan of what
 holds memory; the kernel pushes the live monitor's samples and cell records. Requests are
-validated by ``protocol``; "Free memory" and "Scan" run on the main thread between cells
-(``MainThreadJob``); everything is sent through ``send`` so it stays on the comm's subshell.
+validated by ``protocol``; "Free memory" and "Scan" run on the main thread between cells;
+everything is sent through ``send`` so it stays on the comm's subshell.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import importlib.util
 import logging
 import sys
@@ -26,36 +27,26 @@ from kerasmagic.compat.probes import find_comm_manager as comm_manager
 from kerasmagic.compat.registry import works
 from kerasmagic.live import CellRecord, LiveMonitor
 from kerasmagic.shellstate import ShellState
-from kerasmagic.snapshot import MemorySnapshot, take_snapshot
-from kerasmagic.views.protocol import (
-    MAX_ID_CHARS,
-    PROTOCOL,
-    REQUESTS,
-    check,
-    failure,
-    message,
-    request_id,
-)
+from kerasmagic.snapshot import take_snapshot
+from kerasmagic.views.protocol import MAX_ID_CHARS, PROTOCOL, check, failure, message, request_id
 
 log = logging.getLogger(__name__)
 TARGET = "kerasmagic"
 HISTORY_CELLS = 30  # cells sent with "state" and "history"
 MIN_PUSH_INTERVAL_S = 0.4  # at most ~2 samples a second on the wire
+GATHER_S = 0.05  # a kernel's run waits this long for requests sent with the first one
 Cleanup = Callable[..., CleanupReport]
 Scan = Callable[[Mapping[str, Any]], DeepScan]
-Answer = Callable[[Any, dict[str, Any]], None]  # (comm, message) -> sent
-GATHER_S = 0.05  # a kernel's run waits this long for requests sent with the first one
 __all__ = ["MAX_ID_CHARS", "PROTOCOL", "TARGET", "Sidebar", "load", "unload"]
 
 
-# -- the comm manager and sending ------------------------------------------------------------
 def open_comm(shell: Any, target: str, data: dict[str, Any]) -> Any | None:
     """Open a comm from the kernel to the frontend's ``target``, with ``data``; None without a
     kernel. Through the ``comm`` package where the kernel handed it its manager, else with
     ipykernel 6.17's own class (on Kaggle the package's would reach no frontend)."""
     kernel = getattr(shell, "kernel", None)
     manager = getattr(kernel, "comm_manager", None)
-    if kernel is None or manager is None:
+    if manager is None:
         return None
     package: Any = sys.modules.get("comm")
     if package is None and importlib.util.find_spec("comm") is not None:
@@ -69,8 +60,8 @@ def open_comm(shell: Any, target: str, data: dict[str, Any]) -> Any | None:
 
 def sent_by_jupyterlab(kernel: Any) -> bool:
     """Return whether the request the kernel is handling came from a JupyterLab-family frontend
-    (JupyterLab, Notebook 7): they send the cell's ``cellId`` with it. Classic Notebook and
-    Colab do not, and log an error for a comm whose target they do not know."""
+    (JupyterLab, Notebook 7): they send the cell's ``cellId`` with it (Classic Notebook and
+    Colab do not, and log an error for a comm target they do not know)."""
     try:
         parent = kernel.get_parent("shell")
     except Exception:  # an ipykernel without per-channel parents
@@ -83,93 +74,22 @@ def send(comm: Any, data: dict[str, Any], home: dict[str, Any] | None, kernel: A
     """Send ``data`` on ``comm`` as a reply to ``home`` (the message the comm last received).
 
     JupyterLab sends a comm's messages to a kernel subshell, so they are handled while the main
-    shell runs a cell. ipykernel 7 (``ipykernel.comm.comm.BaseComm.publish_msg``) then routes
-    every later message of that comm to the subshell of the *parent* of the comm's latest
-    outgoing message. A push from the sampler thread or from the main shell's ``post_run_cell``
-    has the main shell's request as parent, so one push would send the next requests to the main
-    shell, where they wait for the running cell. Publishing with the comm's own latest request
-    as parent keeps the routing where the frontend put it.
+    shell runs a cell. ipykernel 7 (``BaseComm.publish_msg``) routes every later message of that
+    comm to the subshell of the *parent* of the comm's latest outgoing message: a push from the
+    sampler thread or from ``post_run_cell`` has the main shell's request as parent and would
+    send the next requests to the main shell, behind the running cell. Publishing with the
+    comm's own latest request as parent keeps the routing where the frontend put it.
     """
     ours = home is not None and kernel is not None and works("ipykernel.shell_parent")
-    parent_var = getattr(kernel, "_shell_parent", None) if ours else None  # ipykernel >= 7
-    if home is None or not isinstance(parent_var, contextvars.ContextVar):
+    parent = getattr(kernel, "_shell_parent", None) if ours else None  # ipykernel >= 7
+    if not isinstance(parent, contextvars.ContextVar):
         comm.send(data)  # (ipykernel 6, or moved: said once, by compat): the comm's own route
         return
-
-    def publish() -> None:
-        parent_var.set(home)  # only in this copied context: the caller's parent is untouched
-        comm.send(data)
-
-    contextvars.copy_context().run(publish)
+    context = contextvars.copy_context()  # the caller's parent is left untouched
+    context.run(parent.set, home)
+    context.run(comm.send, data)
 
 
-# -- requests answered on the main thread -----------------------------------------------------
-def on_main_thread(shell: Any, fn: Callable[[], None], delay_s: float = 0.0) -> None:
-    """Run ``fn`` on the kernel's main event loop ``delay_s`` from now (after the running cell);
-    without a kernel (an in-process shell), run it now."""
-    loop = getattr(getattr(shell, "kernel", None), "io_loop", None)
-    if loop is None:
-        fn()
-    elif threading.current_thread() is threading.main_thread():
-        loop.call_later(delay_s, fn)
-    else:
-        loop.add_callback(loop.call_later, delay_s, fn)  # add_callback: the thread-safe one
-
-
-class MainThreadJob:
-    """One kind of request run on the main thread; concurrent requests share one run.
-
-    "Free memory" and "Scan" walk the garbage collector and touch the user's namespace, so they
-    never run on a comm's subshell thread while a cell runs: they are queued on the kernel's
-    main event loop and run after the cell. A request that arrives while a run is queued or
-    running joins it, and every request gets an answer with its own id: the run's reply, or an
-    error naming what it raised.
-
-    In a kernel a run starts ``GATHER_S`` after the first request, not at once: requests sent
-    together (clicks, several sidebars, a frontend resending) reach the kernel one by one, and
-    over the main shell (a frontend without comm subshells) each was read only after the run
-    the one before it started had ended, so 50 of them ran 50 cleanups, one after another, each
-    blocking the kernel (9.8 s). Waiting that short while on the idle loop lets them all join.
-    """
-
-    def __init__(self, name: str, work: Callable[[], dict[str, Any]], shell: Any, answer: Answer):
-        self._name = name
-        self._work = work  # returns the reply's fields; may raise
-        self._shell = shell
-        self._answer = answer
-        self._lock = threading.Lock()
-        self._waiters: list[tuple[Any, str]] = []
-        self._pending = False
-
-    def request(self, comm: Any, rid: str) -> None:
-        """Queue a run, or join the one already queued: each request gets its result."""
-        if not works("ipykernel.io_loop", self._shell):  # moved: said once, by compat
-            self._answer(comm, message("error", id=rid, error=f"{self._name} is off here"))
-            return
-        with self._lock:
-            self._waiters.append((comm, rid))
-            if self._pending:
-                return
-            self._pending = True
-        on_main_thread(self._shell, self._run, GATHER_S)
-
-    def _run(self) -> None:
-        fields: dict[str, Any] = {"error": f"{self._name} was interrupted"}
-        try:
-            fields = {"request": self._name, **self._work()}
-        except Exception as exc:
-            log.exception("kerasmagic: %s failed", self._name)
-            fields = {"error": failure(f"{self._name} failed", exc)}
-        finally:  # an interrupt (KeyboardInterrupt) still answers, then goes on up
-            with self._lock:
-                waiters, self._waiters = self._waiters, []
-                self._pending = False
-            kind = "error" if "error" in fields else "reply"
-            for comm, rid in waiters:
-                self._answer(comm, message(kind, id=rid, **fields))
-
-
-# -- the sidebar -------------------------------------------------------------------------------
 class Sidebar:
     """The open sidebar comms of one shell: answers their requests, pushes monitor updates."""
 
@@ -181,29 +101,21 @@ class Sidebar:
         cleanup: Cleanup = reset,
         scan: Scan = deep_scan,
     ) -> None:
-        self._shell = shell
-        self._magics = magics
-        self._monitor = monitor
-        self._cleanup = cleanup
+        self._shell, self._magics, self._monitor = shell, magics, monitor
+        self._cleanup, self._scan = cleanup, scan
         self._comms: dict[str, Any] = {}
         self._homes: dict[str, dict[str, Any]] = {}  # comm id -> the last message it received
+        self._waiters: dict[str, list[tuple[Any, str]]] = {}  # queued run -> (comm, id) asking
         self._lock = threading.Lock()
         self._last_push_s = 0.0
-        self._scan = scan
-        self._free_job = MainThreadJob("free_memory", self._free_fields, shell, self._send)
-        self._scan_job = MainThreadJob("scan", self._scan_fields, shell, self._send)
         self._freed_since = False  # a cleanup ran after the last recorded cell
-        self._unsubscribe: Callable[[], None] | None = None
-        if monitor is not None:
-            self._unsubscribe = monitor.subscribe(self._on_monitor)
+        self._unsubscribe = None if monitor is None else monitor.subscribe(self._on_monitor)
 
     # -- comm plumbing -----------------------------------------------------------------------
     def open(self, comm: Any, msg: dict[str, Any]) -> None:
         """Comm target: accept a frontend's ``hello`` with the full state, refuse anything else.
-
-        Nothing raised here reaches the comm manager, which would log a traceback that the
-        kernel prints into the running cell's output: a failure is an error reply and a close.
-        """
+        Nothing raised here reaches the comm manager (whose traceback the kernel would print
+        into the running cell): a failure is an error reply and a close."""
         try:
             problem = check(msg["content"].get("data"), ("hello",))
         except Exception as exc:
@@ -245,9 +157,9 @@ class Sidebar:
 
     def announce(self) -> None:
         """Open a comm to the frontend's sidebar with the full state: its messages come on
-        iopub, so a Run All's queued cells do not hold them back (the sidebar's own hello
-        waits behind them on the shell channel). Only from a JupyterLab-family frontend, where
-        the sidebar is installed, off Colab and Kaggle: others log an unknown target."""
+        iopub, so a Run All's queued cells do not hold them back. Only from a JupyterLab-family
+        frontend, where the sidebar is installed, off Colab and Kaggle: others log an unknown
+        target."""
         kernel = getattr(self._shell, "kernel", None)
         if kernel is None or hosted() or not sent_by_jupyterlab(kernel) or not sidebar_installed():
             return
@@ -282,32 +194,68 @@ class Sidebar:
         data = None
         try:
             data = msg["content"].get("data")
-            self._answer(comm, data)
+            problem = check(data)
+            if problem is not None:
+                self._send(comm, message("error", id=request_id(data), error=problem))
+                return
+            kind, rid = data["type"], data["id"]
+            if kind == "scan":
+                self._queue("scan", comm, rid)
+            elif kind == "free_memory":
+                self._request_free(comm, rid)
+            else:
+                got = self._history() if kind == "history" else {"snapshot": self._snapshot()}
+                self._send(comm, message("reply", id=rid, request=kind, **got))
         except Exception as exc:
             error = failure("kerasmagic could not answer", exc)
             with contextlib.suppress(Exception):
                 self._send(comm, message("error", id=request_id(data), error=error))
 
-    def _answer(self, comm: Any, data: Any) -> None:
-        problem = check(data, REQUESTS)
-        if problem is not None:
-            self._send(comm, message("error", id=request_id(data), error=problem))
-            return
-        kind, rid = data["type"], data["id"]
-        if kind == "scan":
-            self._scan_job.request(comm, rid)
-        elif kind == "snapshot":
-            snap = self._snapshot().to_dict()
-            self._send(comm, message("reply", id=rid, request=kind, snapshot=snap))
-        elif kind == "history":
-            self._send(comm, message("reply", id=rid, request=kind, **self._history()))
-        else:
-            self._request_free(comm, rid)
-
     def _request_free(self, comm: Any, rid: str) -> None:
-        """Queue a cleanup on the main thread, or join the one already queued (a test seam:
-        tests/browser/test_sidebar.py makes a kernel that never answers)."""
-        self._free_job.request(comm, rid)
+        """Queue a cleanup (a test seam: tests/browser/test_sidebar.py makes a kernel that
+        never answers)."""
+        self._queue("free_memory", comm, rid)
+
+    def _queue(self, name: str, comm: Any, rid: str) -> None:
+        """Run ``name`` on the kernel's main loop, after the running cell: "Free memory" and
+        "Scan" walk the garbage collector and the user's namespace, never on a subshell thread.
+        A request while one is queued or running joins it; each gets an answer with its id.
+
+        The run starts ``GATHER_S`` after the first request: requests sent together reach the
+        kernel one by one, and over the main shell each was read only after the run before it
+        ended (50 requests ran 50 cleanups, 9.8 s). That short wait lets them all join.
+        """
+        if not works("ipykernel.io_loop", self._shell):  # moved: said once, by compat
+            self._send(comm, message("error", id=rid, error=f"{name} is off here"))
+            return
+        with self._lock:
+            waiters = self._waiters.setdefault(name, [])
+            waiters.append((comm, rid))
+            if len(waiters) > 1:
+                return
+        loop = getattr(getattr(self._shell, "kernel", None), "io_loop", None)
+        run = functools.partial(self._run, name)
+        if loop is None:  # an in-process shell: now
+            run()
+        elif threading.current_thread() is threading.main_thread():
+            loop.call_later(GATHER_S, run)
+        else:
+            loop.add_callback(loop.call_later, GATHER_S, run)  # add_callback: the thread-safe one
+
+    def _run(self, name: str) -> None:
+        fields: dict[str, Any] = {"error": f"{name} was interrupted"}
+        try:
+            work = self._free_fields if name == "free_memory" else self._scan_fields
+            fields = {"request": name, **work()}
+        except Exception as exc:
+            log.exception("kerasmagic: %s failed", name)
+            fields = {"error": failure(f"{name} failed", exc)}
+        finally:  # an interrupt (KeyboardInterrupt) still answers, then goes on up
+            with self._lock:
+                waiters = self._waiters.pop(name, [])
+            kind = "error" if "error" in fields else "reply"
+            for comm, rid in waiters:
+                self._send(comm, message(kind, id=rid, **fields))
 
     def _free_fields(self) -> dict[str, Any]:
         """Run the cleanup ``%%fresh_model`` runs before a cell, then push a full snapshot."""
@@ -318,75 +266,55 @@ class Sidebar:
         self._freed_since = True
         self._last_push_s = float("-inf")  # the refresh below is pushed at once
         after = take_snapshot(namespace) if self._monitor is None else self._monitor.refresh()
-        return {
-            "report": report.to_dict(),
-            "summary": report.summary(),
-            "before": before.to_dict(),
-            "snapshot": after.to_dict(),
-            "verdict": self._verdict(),
-        }
+        fields: dict[str, Any] = {"report": report.to_dict(), "summary": report.summary()}
+        fields.update(before=before.to_dict(), snapshot=after.to_dict(), verdict=self._verdict())
+        return fields
 
     def _scan_fields(self) -> dict[str, Any]:
         """Find every live model, what holds it and what frees it, and the largest data."""
         return self._scan(self._shell.user_ns).to_dict()
 
-    def _snapshot(self) -> MemorySnapshot:
+    def _snapshot(self) -> dict[str, Any]:
         """Return a fresh snapshot on the main thread; elsewhere the monitor's latest."""
         on_main = threading.current_thread() is threading.main_thread()
         latest = None if self._monitor is None else self._monitor.latest()
         if on_main or latest is None:
-            return take_snapshot(self._shell.user_ns if on_main else None, light=not on_main)
-        return latest
+            latest = take_snapshot(self._shell.user_ns if on_main else None, light=not on_main)
+        return latest.to_dict()
 
     def _verdict(self) -> dict[str, Any] | None:
         """Return the leak verdict, saying whether memory was freed since it was reached."""
-        if self._monitor is None:
-            return None
-        return {**self._monitor.verdict().to_dict(), "freed_since": self._freed_since}
+        monitor, freed = self._monitor, self._freed_since
+        return None if monitor is None else {**monitor.verdict().to_dict(), "freed_since": freed}
 
     def _history(self) -> dict[str, Any]:
-        if self._monitor is None:
-            return {"history": [], "verdict": None}
-        cells = self._monitor.history()[-HISTORY_CELLS:]
+        cells = [] if self._monitor is None else self._monitor.history()[-HISTORY_CELLS:]
         records = [{**c.to_dict(), "warning": self._warning(c)} for c in cells]
         return {"history": records, "verdict": self._verdict()}
 
     def _state(self) -> dict[str, Any]:
-        snap = self._snapshot()
-        return message(
-            "state",
-            kerasmagic_version=__version__,
-            pid=snap.pid,
-            live=self._monitor is not None,
-            snapshot=snap.to_dict(),
-            **self._history(),
-        )
+        snap, live = self._snapshot(), self._monitor is not None
+        state = {"kerasmagic_version": __version__, "pid": snap["pid"], "live": live}
+        return message("state", **state, snapshot=snap, **self._history())
 
     # -- pushes (sampler thread for samples, main thread for cells and refreshes) -------------
     def _on_monitor(self, kind: str, payload: Any) -> None:
         if kind == "cell":
             self._freed_since = False
+        now = time.monotonic()
         if not self._comms:  # no sidebar open: serialise nothing (this runs after every cell)
             return
-        if kind == "sample":
-            now = time.monotonic()
-            if now - self._last_push_s < MIN_PUSH_INTERVAL_S:
-                return
+        if kind == "sample" and now - self._last_push_s >= MIN_PUSH_INTERVAL_S:
             self._last_push_s = now
-            snap = payload.to_dict()
-            self.broadcast(message("sample", snapshot=snap, verdict=self._verdict()))
+            self.broadcast(message("sample", snapshot=payload.to_dict(), verdict=self._verdict()))
         elif kind == "cell":
-            cell = payload.to_dict()
-            warning = self._warning(payload)
+            cell, warning = payload.to_dict(), self._warning(payload)
             self.broadcast(message("cell", cell=cell, verdict=self._verdict(), warning=warning))
 
     def _warning(self, record: CellRecord) -> str | None:
-        """Return the leak detector's message when it flags this very run of a cell, else None.
-
-        The verdict names the newest growing cell among the recent ones, which may be another
-        cell than this one; only the cell's own runs up to this one decide its badge's mark
-        (so a history sent after Run All marks the same cells the live pushes would have).
-        """
+        """Return the leak detector's message when it flags this very run of a cell, else None:
+        only the cell's own runs up to this one decide its badge (the verdict may name another
+        cell), so a history sent after Run All marks what the live pushes would have."""
         monitor = self._monitor
         if monitor is None or not record.source_hash:
             return None
@@ -401,10 +329,7 @@ class Sidebar:
 
 def load(state: ShellState) -> Sidebar:
     """Register the ``kerasmagic`` comm target; the sidebar shows the ``live`` part's monitor.
-
-    A shell with no comm manager (ipykernel 6.17's terminal IPython without the ``comm``
-    package) gets a sidebar no frontend can open: nothing to register, nothing to say.
-    """
+    A shell with no comm manager gets a sidebar no frontend can open: nothing to register."""
     sidebar = Sidebar(state.shell, state.magics, state.part("live"))
     manager = _manager(state.shell)
     if manager is not None:

@@ -1,14 +1,9 @@
 """The sidebar protocol (docs/protocol.md): its envelope, the validation of requests and the data
-types on the wire; no comm, no kernel.
-
-Every request is checked against a closed list of fields and message types. What an error
-echoes back of the request is clipped, so a huge request never becomes a huge reply.
+types on the wire; no comm, no kernel. What an error echoes of a request is clipped.
 
 ``python -m kerasmagic.views.protocol > labextension/src/wire.ts`` writes the TypeScript
-interfaces the frontend compiles against, generated from the Python dataclasses (and the
-backends' ``LABELS``, so both sides name a backend alike); a test fails when the committed file
-and this output differ, so the two sides cannot drift. ``EXTRA`` holds what ``to_dict`` or the
-comm adds beside a dataclass's own fields (a ``?`` marks what older kernels do not send).
+interfaces of the dataclasses (and the backends' ``LABELS``); a test fails when the committed
+file differs. ``EXTRA``: what ``to_dict`` or the comm adds (``?``: older kernels omit it).
 """
 
 from __future__ import annotations
@@ -17,6 +12,7 @@ import dataclasses
 import reprlib
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 from kerasmagic.backends import LABELS, BackendDevice, BackendInfo
@@ -29,10 +25,8 @@ from kerasmagic.snapshot import Headline, MemorySnapshot, SnapshotDelta
 
 PROTOCOL = 3  # 3: a cleanup report's allocator_freed_bytes, of allocator_backend
 REQUESTS = ("snapshot", "history", "free_memory", "scan")
-HELLO_FIELDS = frozenset({"protocol", "type"})
 FIELDS = frozenset({"protocol", "type", "id"})
 MAX_ID_CHARS = 64
-MAX_ECHO_CHARS = 200  # of the request's own text, in an error message
 SHORT = reprlib.Repr()  # 3.11's takes no keyword arguments
 SHORT.maxlevel, SHORT.maxdict, SHORT.maxlist, SHORT.maxstring, SHORT.maxother = 3, 4, 4, 60, 60
 
@@ -42,15 +36,14 @@ def message(kind: str, **fields: Any) -> dict[str, Any]:
     return {"protocol": PROTOCOL, "type": kind, **fields}
 
 
-def clip(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+def clip(text: str, limit: int = 200) -> str:
     """Return ``text`` cut to ``limit`` characters, saying how long it was."""
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def brief(value: Any) -> str:
-    """Return a short ``repr`` of a request's value, whatever it holds: a huge or deep value is
-    described, never expanded (``repr`` of a 5,000-digit integer raises, of a deep list recurses).
-    """
+    """Return a short ``repr`` of a request's value: a huge or deep one is described, never
+    expanded (``repr`` of a 5,000-digit integer raises, of a deep list recurses)."""
     if type(value) is int and value.bit_length() > 256:
         return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
     try:
@@ -68,12 +61,12 @@ def failure(what: str, exc: BaseException) -> str:
     return clip(" ".join(f"{what}: {type(exc).__name__}: {text}".split()))
 
 
-def check(data: Any, allowed: tuple[str, ...]) -> str | None:
+def check(data: Any, allowed: tuple[str, ...] = REQUESTS) -> str | None:
     """Return why ``data`` is not a valid request of an ``allowed`` type, or None if it is."""
     if not isinstance(data, dict):
         return "a request must be a JSON object"
     hello = allowed == ("hello",)
-    fields = HELLO_FIELDS if hello else FIELDS
+    fields = FIELDS - {"id"} if hello else FIELDS
     extra = sorted(clip(brief(k), 40) for k in set(data) - fields)
     if extra:
         return clip(f"unknown fields [{', '.join(extra)}]; it has only {sorted(fields)}", 400)
@@ -88,41 +81,26 @@ def check(data: Any, allowed: tuple[str, ...]) -> str | None:
 
 
 def request_id(data: Any) -> str | None:
-    """Return the request's ``id`` if it is valid (so it may be echoed), else None: a short
-    string that can go back on the wire (a lone surrogate, ``"\\ud800"``, cannot be UTF-8)."""
+    """Return the request's ``id`` if it may be echoed, else None: a short string that can go
+    back on the wire (a lone surrogate, ``"\\ud800"``, cannot be UTF-8)."""
     rid = data.get("id") if isinstance(data, dict) else None
     if not isinstance(rid, str) or not 0 < len(rid) <= MAX_ID_CHARS:
         return None
-    try:
-        rid.encode("utf-8")
-    except UnicodeEncodeError:
-        return None
-    return rid
+    return None if any("\ud800" <= c <= "\udfff" for c in rid) else rid
 
 
 # -- the data types: dataclass -> TypeScript interface, in the order the file declares them ------
-WIRE: tuple[tuple[type, str], ...] = (
-    (RamInfo, "IRamInfo"),
-    (GpuDevice, "IGpuDevice"),
-    (GpuInfo, "IGpuInfo"),
-    (BackendDevice, "IBackendDevice"),
-    (BackendInfo, "IBackendInfo"),
-    (KerasInfo, "IKerasInfo"),
-    (Headline, "IHeadline"),
-    (MemorySnapshot, "ISnapshot"),
-    (SnapshotDelta, "ISnapshotDelta"),
-    (OomFacts, "IOomFacts"),
-    (CellRecord, "ICellRecord"),
-    (LeakVerdict, "ILeakVerdict"),
-    (CleanupReport, "ICleanupReport"),
-    (LiveModel, "ILiveModel"),
-    (Variable, "IVariable"),
+WIRE: tuple[tuple[type, str], ...] = tuple(
+    (cls, "ISnapshot" if cls is MemorySnapshot else f"I{cls.__name__}")
+    for group in (
+        (RamInfo, GpuDevice, GpuInfo, BackendDevice, BackendInfo, KerasInfo, Headline),
+        (MemorySnapshot, SnapshotDelta, OomFacts, CellRecord, LeakVerdict, CleanupReport),
+        (LiveModel, Variable),
+    )
+    for cls in group
 )
 EXTRA: dict[type, dict[str, str]] = {
-    MemorySnapshot: {
-        "version": "number",
-        "headline?": "IHeadline",  # the figure every view leads with (kerasmagic/snapshot.py)
-    },
+    MemorySnapshot: {"version": "number", "headline?": "IHeadline"},  # the figure views lead with
     CellRecord: {"warning?": "string | null"},  # added by the comm to history records
     LeakVerdict: {"freed_since?": "boolean"},  # added by the comm
 }
@@ -131,21 +109,15 @@ HEADER = (
     "// sidebar protocol's data types (docs/protocol.md), from kerasmagic's dataclasses.\n"
     "// Do not edit: change the dataclass and run the command again.\n"
 )
+SIMPLE = {int: "number", float: "number", str: "string", bool: "boolean", type(None): "null"}
 
 
 def ts_type(hint: Any) -> str:
     """Return the TypeScript type of a Python annotation (as it goes through ``json``)."""
-    names = {cls: name for cls, name in WIRE}
+    known: dict[Any, str] = {**SIMPLE, Any: "unknown", **dict(WIRE)}
+    if hint in known:
+        return known[hint]
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint in names:
-        return names[hint]
-    simple = {int: "number", float: "number", str: "string", bool: "boolean"}
-    if hint in simple:
-        return simple[hint]
-    if hint is type(None):
-        return "null"
-    if hint is Any:
-        return "unknown"
     if origin in (types.UnionType, typing.Union):
         return " | ".join(ts_type(arg) for arg in args)
     if origin is typing.Literal:
@@ -156,15 +128,14 @@ def ts_type(hint: Any) -> str:
             return f"[{', '.join(ts_type(a) for a in items)}]"
         inner = ts_type(items[0]) if items else "unknown"
         return f"({inner})[]" if " " in inner else f"{inner}[]"
-    if origin in (dict, typing.get_origin(typing.Mapping[str, int])):
+    if origin in (dict, Mapping):
         return f"{{ [key: string]: {ts_type(args[1])} }}"
     raise TypeError(f"no TypeScript type for {hint!r}")
 
 
 def fields(cls: type) -> dict[str, str]:
     """Return ``{field: TypeScript type}`` of what ``cls`` puts on the wire."""
-    known = {c.__name__: c for c, _ in WIRE}  # names a module imports for type checking only
-    hints = typing.get_type_hints(cls, localns=known)
+    hints = typing.get_type_hints(cls, localns={c.__name__: c for c, _ in WIRE})
     own = {f.name: ts_type(hints[f.name]) for f in dataclasses.fields(cls)}
     return {**own, **EXTRA.get(cls, {})}
 
@@ -173,10 +144,9 @@ def typescript() -> str:
     """Return the whole generated TypeScript file."""
     blocks = [HEADER]
     for cls, name in WIRE:
-        lines = [f"/** `{cls.__module__}.{cls.__name__}` on the wire. */"]
-        lines.append(f"export interface {name} {{")
-        lines += [f"  {field}: {kind};" for field, kind in fields(cls).items()]
-        blocks.append("\n".join([*lines, "}\n"]))
+        rows = "".join(f"  {field}: {kind};\n" for field, kind in fields(cls).items())
+        doc = f"/** `{cls.__module__}.{cls.__name__}` on the wire. */"
+        blocks.append(f"{doc}\nexport interface {name} {{\n{rows}}}\n")
     labels = ", ".join(f"{name}: '{label}'" for name, label in LABELS.items())
     blocks.append(
         "/** `kerasmagic.backends.LABELS`: each backend's name as the views write it. */\n"

@@ -1,9 +1,8 @@
 """The ipywidgets view of the live monitor: bars, figures, a sparkline and the leak warning.
 
 One HTML widget (no custom JavaScript), so it renders in JupyterLab, Notebook 7 and VS Code,
-and a cell's update is one comm message: its HTML and the figures that changed. The numbers
-shown are also traits of ``LiveWidget`` (synced, so a frontend or a test can read them). This
-module collects nothing: it is fed by ``LiveMonitor.subscribe``.
+and a cell's update is one comm message. The figures shown are also synced traits of
+``LiveWidget``. Fed by ``LiveMonitor.subscribe``; it collects nothing itself.
 """
 
 from __future__ import annotations
@@ -17,22 +16,21 @@ from typing import Any
 import ipywidgets as widgets
 from traitlets import Bool, Dict, Int, List, Unicode
 
-from kerasmagic.backends import LABELS
+from kerasmagic.backends import LABELS, BackendInfo
+from kerasmagic.compat.registry import works
 from kerasmagic.live import CellRecord, LeakVerdict, LiveMonitor
 from kerasmagic.snapshot import MemorySnapshot
-from kerasmagic.units import fmt_bytes, signed_bytes
+from kerasmagic.units import fmt_bytes, reserved_text, signed_bytes
 
 log = logging.getLogger(__name__)
 SPARK_CELLS = 50
 SPARK_MIN_SPAN = 4 * 2**20  # the sparkline's height stands for at least 4 MB: no noise drawn tall
 PARTS = ("bars", "figures", "spark", "alert")  # each a div of class kerasmagic-<part>
+WIDTH, HEIGHT = 300, 40
 # JupyterLab's theme variables (light, dark, high contrast); the fallbacks serve other frontends.
 OK_COLOUR = "var(--jp-success-color1, #2e7d32)"  # a mark only: as text it reads 4.1:1 on white
-WARN_COLOUR = "var(--jp-error-color1, #b71c1c)"
-WIDTH, HEIGHT = 300, 40
-BRAND = "var(--jp-brand-color1, #1976d2)"
-WARN = "var(--jp-warn-color1, #f57c00)"
-ERROR = "var(--jp-error-color1, #d32f2f)"
+WARN_COLOUR, ERROR = "var(--jp-error-color1, #b71c1c)", "var(--jp-error-color1, #d32f2f)"
+BRAND, WARN = "var(--jp-brand-color1, #1976d2)", "var(--jp-warn-color1, #f57c00)"
 TRACK = "var(--jp-layout-color3, #bdbdbd)"
 
 
@@ -53,23 +51,20 @@ def bar_html(label: str, used: int, total: int, note: str = "") -> str:
 
 def sparkline_svg(values: Sequence[int], title: str) -> str:
     """Return an inline SVG sparkline of byte values with its min and max as text: a change
-    under ``SPARK_MIN_SPAN`` is drawn in proportion (two ends that read alike lie flat), and
-    one value is a flat line."""
+    under ``SPARK_MIN_SPAN`` is drawn in proportion, and one value is a flat line."""
     if not values:
         return ""
     low, high = min(values), max(values)
     span = max(high - low, SPARK_MIN_SPAN)
     base, scale = (low + high - span) / 2, (HEIGHT - 4) / span
-    heights = [HEIGHT - 2 - (v - base) * scale for v in values]
-    heights *= 2 if len(heights) == 1 else 1
+    heights = [HEIGHT - 2 - (v - base) * scale for v in values] * (2 if len(values) == 1 else 1)
     step = WIDTH / (len(heights) - 1)
     points = " ".join(f"{i * step:.1f},{y:.1f}" for i, y in enumerate(heights))
     cells = f"last {len(values)} cells" if len(values) > 1 else "1 cell so far"
     lo, hi = fmt_bytes(low), fmt_bytes(high)
-    figures = lo if lo == hi else f"{lo} .. {hi}"
-    caption = f"{html.escape(title)} ({cells}): {figures}"
     return (
-        f"<div style='font-family:monospace'>{caption}<br>"
+        f"<div style='font-family:monospace'>{html.escape(title)} ({cells}): "
+        f"{lo if lo == hi else f'{lo} .. {hi}'}<br>"
         f"<svg width='{WIDTH}' height='{HEIGHT}' viewBox='0 0 {WIDTH} {HEIGHT}' "
         "xmlns='http://www.w3.org/2000/svg'>"
         f"<polyline fill='none' style='stroke:{BRAND}' stroke-width='1.5' points='{points}'/>"
@@ -79,26 +74,20 @@ def sparkline_svg(values: Sequence[int], title: str) -> str:
 
 def _allocator_totals(snap: MemorySnapshot) -> tuple[int | None, int | None]:
     """Return the Keras backend's tensors in use (on its GPUs, else on the CPU) and the VRAM
-    the process holds."""
+    the process holds (none to compare with for the CPU alone)."""
     info = snap.backend
     if info is None or not info.devices:
         return None, None
     gpus = [d.in_use_bytes or 0 for d in info.devices if d.kind != "cpu"]
-    if not gpus:  # the CPU alone: no VRAM to compare with
-        return info.in_use_bytes, None
-    return sum(gpus), snap.gpu_used_bytes
+    return (sum(gpus), snap.gpu_used_bytes) if gpus else (info.in_use_bytes, None)
 
 
-def _backend_figures(snap: MemorySnapshot) -> tuple[str, str]:
-    """Return the Keras backend's name and its figures in words (JAX, PyTorch: no TF rows)."""
-    info = snap.backend
-    if info is None:
-        return snap.keras_backend or "", ""
+def _backend_figures(info: BackendInfo) -> str:
+    """Return the Keras backend's figures in words (JAX, PyTorch: no TF rows)."""
     parts = [f"{info.name} {info.version or ''}".strip() + f" ({info.platform or 'not started'})"]
     if info.in_use_bytes is not None:
         parts.append(f"in use {fmt_bytes(info.in_use_bytes)}")
-    parts += [f"{key.replace('_', ' ')} {value}" for key, value in info.caches.items()]
-    return info.name, ", ".join(parts)
+    return ", ".join(parts + [f"{key.replace('_', ' ')} {n}" for key, n in info.caches.items()])
 
 
 class LiveWidget(widgets.HTML):  # type: ignore[misc]
@@ -142,26 +131,23 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
         """Return the HTML of one part of the view (one of ``PARTS``)."""
         return self._parts[name]
 
-    def _set_parts(self, **parts: str) -> None:
-        self._parts.update(parts)
-        self.value = "".join(
-            f"<div class='kerasmagic-{name}'>{inner}</div>" for name, inner in self._parts.items()
-        )
-
     def _handle_msg(self, msg: dict[str, Any]) -> None:
         """A frontend's message: a state request is answered and a valid update taken; anything
-        else is dropped. ipywidgets' own handler prints a traceback into the running cell for a
-        malformed message and logs an unknown method, which the kernel prints there too."""
+        else is dropped (ipywidgets' own handler prints a traceback into the running cell for a
+        malformed message). Through ipywidgets' own where the registry finds it moved."""
+        if not works("ipywidgets.handle_msg"):  # moved (said once, by compat): theirs
+            super()._handle_msg(msg)
+            return
         content = msg.get("content")
         data = content.get("data") if isinstance(content, dict) else None
         if not isinstance(data, dict):
             return
-        state = data.get("state")
+        state, method = data.get("state"), data.get("method")
         binary = bool(data.get("buffer_paths"))  # JupyterLab sends [] with every update
         try:
-            if data.get("method") == "request_state":
+            if method == "request_state":
                 self.send_state()
-            elif data.get("method") == "update" and isinstance(state, dict) and not binary:
+            elif method == "update" and isinstance(state, dict) and not binary:
                 self.set_state(state)
         except Exception:
             log.debug("kerasmagic widget: dropped a frontend message", exc_info=True)
@@ -173,8 +159,8 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
             self.show_cell(payload, self._monitor.verdict())
 
     def close(self) -> None:
-        """Stop listening to the monitor and close this widget and its parts (its own Layout and
-        Style widgets: ``close()`` leaves their comms open)."""
+        """Stop listening to the monitor and close this widget and its own Layout and Style
+        widgets (``close()`` leaves their comms open)."""
         self._unsubscribe()
         for part in (getattr(self, "layout", None), getattr(self, "style", None)):
             if isinstance(part, widgets.Widget):
@@ -187,9 +173,8 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
             self._show_snapshot(snap)
 
     def _show_snapshot(self, snap: MemorySnapshot) -> None:
-        devices = snap.gpu.devices
+        info, devices = snap.backend, snap.gpu.devices
         in_use, reserved = _allocator_totals(snap)
-        backend, backend_figures = _backend_figures(snap)
         self._assign(
             samples_seen=self.samples_seen + 1,
             rss_bytes=snap.ram.rss_bytes,
@@ -199,9 +184,9 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
             gpu_total_bytes=sum(d.total_bytes for d in devices) if devices else None,
             allocator_in_use_bytes=in_use,
             allocator_reserved_bytes=reserved,
-            backend=backend,
-            backend_figures=backend_figures,
-            caches=dict(snap.backend.caches) if snap.backend is not None else {},
+            backend=info.name if info is not None else snap.keras_backend or "",
+            backend_figures=_backend_figures(info) if info is not None else "",
+            caches=dict(info.caches) if info is not None else {},
             live_models=snap.keras.live_models,
             name_counter=snap.keras.name_counter,
         )
@@ -221,7 +206,13 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
                 warning=verdict.message if verdict.growing else "",
             )
             self._parts["spark"] = sparkline_svg(history, "RSS after each cell")
-            self._parts["alert"] = self._alert_html()
+            self._parts["alert"] = (
+                f"<div role='alert' style='color:{WARN_COLOUR};font-weight:bold'>"
+                f"&#9888; {html.escape(self.warning)}</div>"
+                if self.growing
+                else f"<div style='border-left:3px solid {OK_COLOUR};padding-left:4px'>"
+                "stable: no growth across re-runs</div>"
+            )
             self._show_snapshot(record.end)
 
     def _assign(self, **values: Any) -> None:
@@ -231,78 +222,59 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
             if getattr(self, name) != value:
                 setattr(self, name, value)
 
-    def _bars_html(self, snap: MemorySnapshot) -> str:
-        ram = snap.ram
-        since = fmt_bytes(self.running_peak_rss_bytes)
-        peaks = (
-            f"peak so far {since} (measuring the first cell…)"
-            if self.last_cell is None
-            else f"peak: last cell {fmt_bytes(self.cell_peak_rss_bytes)}, since then {since}"
+    def _set_parts(self, **parts: str) -> None:
+        self._parts.update(parts)
+        self.value = "".join(
+            f"<div class='kerasmagic-{k}'>{v}</div>" for k, v in self._parts.items()
         )
+
+    def _bars_html(self, snap: MemorySnapshot) -> str:
+        ram, lead, since = snap.ram, snap.headline, fmt_bytes(self.running_peak_rss_bytes)
+        peaks = f"peak so far {since} (measuring the first cell…)"
+        if self.last_cell is not None:
+            peaks = f"peak: last cell {fmt_bytes(self.cell_peak_rss_bytes)}, since then {since}"
         rss = _tagged("rss", ram.rss_bytes, bar_html("RSS", ram.rss_bytes, ram.total_bytes, peaks))
-        lead = snap.headline
         if lead.what == "allocator":  # what runs out leads; NVML's reservation is named beside
-            reserved = (
-                f"{fmt_bytes(lead.reserved_bytes)} reserved on the GPU (NVML)"
-                if lead.reserved_bytes is not None
-                else "NVML n/a"
+            nvml = "NVML n/a" if lead.reserved_bytes is None else reserved_text(lead.reserved_bytes)
+            bar = bar_html(
+                lead.label, lead.used_bytes, lead.limit_bytes or max(lead.used_bytes, 1), nvml
             )
-            limit = lead.limit_bytes or max(lead.used_bytes, 1)
-            bar = bar_html(lead.label, lead.used_bytes, limit, reserved)
             return _tagged("lead", lead.used_bytes, bar) + rss
         label = LABELS.get(self.backend or "tensorflow", self.backend)  # nothing yet: TF's rows
-        in_use = self.allocator_in_use_bytes
-        if self.gpu_used_bytes is None or not self.gpu_total_bytes:
-            vram = f"<div>VRAM: {html.escape(snap.gpu.message or snap.gpu.status)}</div>"
-            if in_use is None:
-                return rss + vram
-            missed = (
-                [d.uncounted for d in snap.backend.devices if d.uncounted] if snap.backend else []
-            )
-            note = f" ({missed[0]})" if missed else ""  # the figure misses small tensors: say so
-            tensors = f"<div>{html.escape(label)} tensors in use: {fmt_bytes(in_use)}"
-            tensors += f"{html.escape(note)}</div>"
-            return rss + vram + _tagged("allocator", in_use, tensors)
-        note = (
-            f"{label} in use {fmt_bytes(in_use)} of {fmt_bytes(self.allocator_reserved_bytes)}"
-            if in_use is not None
-            else f"{label} allocator n/a"
-        )
-        vram = bar_html("VRAM", self.gpu_used_bytes, self.gpu_total_bytes, note)
-        return rss + _tagged("vram", self.gpu_used_bytes, vram)
+        in_use, used, total = self.allocator_in_use_bytes, self.gpu_used_bytes, self.gpu_total_bytes
+        if used is not None and total:
+            note, reserved = f"{label} allocator n/a", fmt_bytes(self.allocator_reserved_bytes)
+            if in_use is not None:
+                note = f"{label} in use {fmt_bytes(in_use)} of {reserved}"
+            return rss + _tagged("vram", used, bar_html("VRAM", used, total, note))
+        vram = f"<div>VRAM: {html.escape(snap.gpu.message or snap.gpu.status)}</div>"
+        if in_use is None:
+            return rss + vram
+        missed = [d.uncounted for d in snap.backend.devices if d.uncounted] if snap.backend else []
+        note = f" ({missed[0]})" if missed else ""  # the figure misses small tensors: say so
+        tensors = f"<div>{html.escape(label)} tensors in use: {fmt_bytes(in_use)}"
+        tensors += f"{html.escape(note)}</div>"
+        return rss + vram + _tagged("allocator", in_use, tensors)
 
     def _figures_html(self) -> str:
-        """The graph and Keras figures this snapshot has: one not read is left out, not
-        shown as ``n/a`` (before TensorFlow or Keras is imported there is nothing to count)."""
+        """The graph and Keras figures this snapshot has: one not read is left out, not shown
+        as ``n/a`` (before TensorFlow or Keras is imported there is nothing to count)."""
         if self.backend in ("", "tensorflow"):
             graph = _known(
                 (self.caches.get("functions"), "{} functions"),
                 (self.caches.get("custom_gradients"), "{} custom gradients"),
             )
-            graph = f"graph: {graph}" if graph else "graph: TensorFlow not imported"
+            graph = f"graph: {graph or 'TensorFlow not imported'}"
         else:
             graph = html.escape(self.backend_figures)
         models = _known(
             (self.live_models, "{} named in the notebook"), (self.name_counter, "name counter {}")
         )
         models = f"models: {models}" if models else "Keras not imported"
-        delta = (
-            "measuring the first cell…"
-            if self.last_cell is None
-            else f"cell [{self.last_cell}] RSS {signed_bytes(self.last_delta_bytes)}"
-        )
+        delta = "measuring the first cell…"
+        if self.last_cell is not None:
+            delta = f"cell [{self.last_cell}] RSS {signed_bytes(self.last_delta_bytes)}"
         return f"<div>{graph} &middot; {models} &middot; last: {html.escape(delta)}</div>"
-
-    def _alert_html(self) -> str:
-        if not self.growing:
-            return (
-                f"<div style='border-left:3px solid {OK_COLOUR};padding-left:4px'>"
-                "stable: no growth across re-runs</div>"
-            )
-        return (
-            f"<div role='alert' style='color:{WARN_COLOUR};font-weight:bold'>"
-            f"&#9888; {html.escape(self.warning)}</div>"
-        )
 
 
 def _known(*figures: tuple[int | None, str]) -> str:

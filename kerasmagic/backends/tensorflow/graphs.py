@@ -4,6 +4,7 @@ tf.function traces that earlier cells keep of dropped models.
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 import types as pytypes
@@ -12,10 +13,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kerasmagic.backends import attempt
 from kerasmagic.backends.tensorflow.runtime import runtime_initialized, tf_context
 from kerasmagic.compat.registry import works
-from kerasmagic.walk.near import instances_near
-from kerasmagic.walk.state import closure_objects
+from kerasmagic.walk import closure_objects, instances_near
 
 CUSTOM_GRADIENT_PREFIX = "CustomGradient-"
 
@@ -54,31 +55,19 @@ def custom_gradient_count() -> int | None:
     return _count_cache[1]
 
 
-def _default_graph_ops() -> int | None:
-    ops = sys.modules.get("tensorflow.python.framework.ops")
-    if ops is None:
-        return None
-    # Ops are never removed from a graph, so its version counter is its op count (O(1)).
-    version = getattr(ops.get_default_graph(), "version", None)  # tf.Graph.version: public
-    return version if isinstance(version, int) else None
-
-
 def function_count() -> int | None:
     """Return the size of the eager function library (~1 ms at 1,000; any thread), or None."""
-    if not runtime_initialized():
-        return None
-    ctx = tf_context()
+    ctx = tf_context() if runtime_initialized() else None
     return len(ctx.list_function_names()) if ctx is not None else None
 
 
 def read_graph(functions: bool = True) -> GraphInfo:
     """Return graph-size figures; ``functions`` lists the eager function library (~1 ms)."""
-    n_functions = function_count() if functions else None
-    return GraphInfo(
-        default_graph_ops=_default_graph_ops(),
-        custom_gradients=custom_gradient_count(),
-        functions=n_functions,
-    )
+    ops = sys.modules.get("tensorflow.python.framework.ops")
+    # Ops are never removed from a graph, so its version counter is its op count (O(1)).
+    version = getattr(ops.get_default_graph(), "version", None) if ops else None  # public
+    graph_ops = version if isinstance(version, int) else None
+    return GraphInfo(graph_ops, custom_gradient_count(), function_count() if functions else None)
 
 
 # -- purge: Drop the custom-gradient entries that TensorFlow's gradient registry never lets go
@@ -96,45 +85,28 @@ class PurgeResult:
     message: str | None = None
 
 
-def _graphs_of(grad_fn: Any, graph_type: type) -> list[Any]:
-    """Return the graphs whose tensors or ops a registered gradient function closes over."""
-    graph_of = _graph_holders()
-    graphs: dict[int, Any] = {}
-    for obj in closure_objects(grad_fn, _SEARCH_DEPTH, containers=True):
-        if not graph_of or not issubclass(type(obj), graph_of):
-            continue  # only TensorFlow's own tensors and ops are asked for their graph
-        try:
-            graph = obj.graph
-        except Exception:
-            continue
-        if isinstance(graph, graph_type):
-            graphs[id(graph)] = graph
-    return list(graphs.values())
-
-
-def _graph_holders() -> tuple[type, ...]:
-    """Return TensorFlow's tensor and op classes (what has a ``.graph``), if imported."""
+def _park(entries: dict[str, Any], name: str, graph_type: type) -> list[weakref.ref[Any]] | None:
+    """Copy one entry onto the graphs whose tensors or ops its gradient function closes over;
+    return weak references to them (None: no graph)."""
+    entry = entries[name]
     ops = sys.modules.get("tensorflow.python.framework.ops")
     tensor = sys.modules.get("tensorflow.python.framework.tensor")
-    kinds = (
-        getattr(tensor, "Tensor", None),
-        getattr(ops, "Tensor", None),
-        getattr(ops, "Operation", None),
-    )
-    return tuple(k for k in kinds if isinstance(k, type))
-
-
-def _park(entries: dict[str, Any], name: str, graph_type: type) -> list[weakref.ref[Any]] | None:
-    """Copy one entry onto its graphs; return weak references to them (None: no graph)."""
-    entry = entries[name]
-    graphs = _graphs_of(entry.get("type"), graph_type) if isinstance(entry, dict) else []
-    if not graphs:
-        return None
-    for graph in graphs:
+    kinds = [
+        getattr(m, n, None) for m, n in ((tensor, "Tensor"), (ops, "Tensor"), (ops, "Operation"))
+    ]
+    holders = tuple(k for k in kinds if isinstance(k, type))  # what has a ``.graph``
+    graphs: dict[int, Any] = {}
+    grad_fn = entry.get("type") if isinstance(entry, dict) else None
+    for obj in closure_objects(grad_fn, _SEARCH_DEPTH, containers=True) if holders else ():
+        if issubclass(type(obj), holders):  # only TensorFlow's own are asked for their graph
+            graph = attempt(functools.partial(getattr, obj, "graph"), None)
+            if isinstance(graph, graph_type):
+                graphs[id(graph)] = graph
+    for graph in graphs.values():
         if getattr(graph, _PARKED, None) is None:
             setattr(graph, _PARKED, {})
         getattr(graph, _PARKED)[name] = entry
-    return [weakref.ref(graph) for graph in graphs]
+    return [weakref.ref(graph) for graph in graphs.values()] or None
 
 
 def _unpark(entries: dict[str, Any], name: str, refs: list[weakref.ref[Any]]) -> bool:
@@ -156,19 +128,17 @@ def purge_custom_gradients(collect: Callable[[], object] = gc.collect) -> PurgeR
         collect()
         return PurgeResult(0, 0, 0, "TensorFlow's gradient registry not found; nothing purged")
     parked: dict[str, list[weakref.ref[Any]]] = {}
-    unknown = 0
+    names = [key for key in list(entries) if key.startswith(CUSTOM_GRADIENT_PREFIX)]
     try:
-        for name in [key for key in list(entries) if key.startswith(CUSTOM_GRADIENT_PREFIX)]:
+        for name in names:
             refs = _park(entries, name, graph_type)
-            if refs is None:
-                unknown += 1
-                continue
-            parked[name] = refs  # recorded before removal, so the finally can always restore
-            del entries[name]
+            if refs is not None:  # None: no graph found, the entry stays (unknown)
+                parked[name] = refs  # recorded before removal, so the finally can always restore
+                del entries[name]
         collect()
     finally:  # even on Ctrl-C: never leave a live graph without its gradient
         kept = sum(_unpark(entries, name, refs) for name, refs in parked.items())
-    return PurgeResult(dropped=len(parked) - kept, kept=kept, unknown=unknown)
+    return PurgeResult(len(parked) - kept, kept, len(names) - len(parked))
 
 
 # -- traced: What a Keras model keeps besides its weights: the graphs of its traced TensorFlow f
@@ -178,23 +148,13 @@ OP_BYTES = 16 * 1024
 FUNCTION_ATTRS = ("train_function", "test_function", "predict_function")
 
 
-def _tf_functions(obj: Any) -> list[Any]:
-    """Return the ``tf.function`` objects in ``obj`` or in a Python function's closure."""
-    module = sys.modules.get("tensorflow.python.eager.polymorphic_function.polymorphic_function")
-    function_type = getattr(module, "Function", None)
-    if function_type is None:
-        return []
-    return [o for o in closure_objects(obj, 3) if issubclass(type(o), function_type)]
-
-
 def _graph_ops(concrete: Any) -> int:
-    graph = concrete.graph
-    ops = len(graph.get_operations())
-    for inner in dict(getattr(graph, "_functions", {})).values():
-        inner_graph = getattr(inner, "graph", None)
-        if inner_graph is not None:
-            ops += len(inner_graph.get_operations())
-    return ops
+    """Return the ops of a trace's graph and of the functions it calls."""
+    graphs = [concrete.graph]
+    graphs += [
+        getattr(f, "graph", None) for f in dict(getattr(graphs[0], "_functions", {})).values()
+    ]
+    return sum(len(graph.get_operations()) for graph in graphs if graph is not None)
 
 
 def traced_ops(model: Any) -> int | None:
@@ -202,14 +162,13 @@ def traced_ops(model: Any) -> int | None:
     attrs = getattr(model, "__dict__", None)
     if type(attrs) is not dict or "tensorflow" not in sys.modules or not works("tf.traced_graphs"):
         return None
-    total = 0
+    kind = getattr(sys.modules.get(_FUNCTION), "Function", None)
     try:
-        for name in FUNCTION_ATTRS:
-            for fn in _tf_functions(attrs.get(name)):
-                total += sum(_graph_ops(c) for c in fn._list_all_concrete_functions())
+        found = [o for name in FUNCTION_ATTRS for o in closure_objects(attrs.get(name), 3)]
+        fns = [fn for fn in found if kind is not None and issubclass(type(fn), kind)]
+        return sum(_graph_ops(c) for fn in fns for c in fn._list_all_concrete_functions())
     except Exception:  # a private TF structure changed: say "unknown", never fail --deep
         return None
-    return total
 
 
 def estimate_bytes(ops: int | None) -> int | None:
@@ -243,43 +202,39 @@ def variable_ids(models: Iterable[Any]) -> set[int]:
     for model in models:
         try:
             variables = list(model.variables)
-            optimizer = getattr(model, "optimizer", None)
-            variables += list(getattr(optimizer, "variables", None) or ())
+            variables += getattr(getattr(model, "optimizer", None), "variables", None) or ()
         except Exception:  # a half-built model: its variables cannot be listed
             continue
         keras = works("keras.variables")  # moved: each variable is taken as it is
-        for variable in variables:
-            inner = getattr(variable, "_value", variable) if keras else variable  # Keras 3 wraps
-            handle = getattr(inner, "handle", None)
-            if handle is not None:
-                ids.add(id(handle))
+        inner = (getattr(v, "_value", v) if keras else v for v in variables)  # Keras 3 wraps
+        handles = (getattr(variable, "handle", None) for variable in inner)
+        ids.update(id(handle) for handle in handles if handle is not None)
     return ids
 
 
 def _is_stale(concrete: Any, stale_ids: set[int]) -> bool:
     """Return True if a trace captured a stale variable's handle or a variable since deleted."""
     try:
-        captured = concrete.captured_inputs
-        weak_variables = concrete.graph._weak_variables
+        captured, weak_variables = concrete.captured_inputs, concrete.graph._weak_variables
     except Exception:
         return False
-    if any(id(tensor) in stale_ids for tensor in captured):
-        return True
-    return any(ref() is None for ref in weak_variables)
+    stale = any(id(tensor) in stale_ids for tensor in captured)
+    return stale or any(ref() is None for ref in weak_variables)
 
 
 def _cache_of(fn: Any, cache_type: type) -> Any | None:
     """Return the Function's trace cache if it looks as TensorFlow 2.21 lays it out, else None."""
     cache = getattr(fn, "_function_cache", None)
-    if type(cache) is not cache_type or not callable(getattr(cache, "delete", None)):
+    configs = ("_variable_creation_config", "_no_variable_creation_config")
+    if (
+        type(cache) is not cache_type
+        or not callable(getattr(cache, "delete", None))
+        or not isinstance(primary := getattr(cache, "_primary", None), dict)
+        or not isinstance(getattr(cache, "_dispatch_dict", None), dict)
+        or not all(type(key) is tuple and len(key) == 2 for key in primary)
+    ):
         return None
-    primary, dispatch = getattr(cache, "_primary", None), getattr(cache, "_dispatch_dict", None)
-    if not isinstance(primary, dict) or not isinstance(dispatch, dict):
-        return None
-    if not all(type(key) is tuple and len(key) == 2 for key in primary):
-        return None
-    for name in ("_variable_creation_config", "_no_variable_creation_config"):
-        config = getattr(fn, name, None)
+    for config in (getattr(fn, name, None) for name in configs):
         if config is not None and getattr(config, "function_cache", None) is not cache:
             return None
     return cache
@@ -287,11 +242,7 @@ def _cache_of(fn: Any, cache_type: type) -> Any | None:
 
 def _drop(fn: Any, cache: Any, stale_ids: set[int]) -> int:
     """Delete the stale traces from ``cache``; return how many went."""
-    gone = [
-        (key, concrete)
-        for key, concrete in cache._primary.items()
-        if _is_stale(concrete, stale_ids)
-    ]
+    gone = [(key, c) for key, c in cache._primary.items() if _is_stale(c, stale_ids)]
     dropped = sum(bool(cache.delete(ftype, context)) for (context, ftype), _ in gone)
     # The first call's trace, kept apart from the cache when that call created variables (an
     # optimizer built inside the step): it holds the variables it made, model and slots.
@@ -326,15 +277,13 @@ def _first_call_initializers(fn: Any) -> list[Any] | None:
 
 def _closure_value(function: Any, name: str) -> Any:
     """Return the value of ``function``'s free variable ``name``, or None."""
-    if type(function) is not pytypes.FunctionType or function.__closure__ is None:
+    if type(function) is not pytypes.FunctionType or name not in function.__code__.co_freevars:
         return None
-    for free, cell in zip(function.__code__.co_freevars, function.__closure__, strict=True):
-        if free == name:
-            try:
-                return cell.cell_contents
-            except ValueError:  # an empty cell
-                return None
-    return None
+    cell = function.__closure__[function.__code__.co_freevars.index(name)]  # type: ignore[index]
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
 
 
 def _clear(path: str, fn: Any, cache_type: type, stale_ids: set[int]) -> str | None:
@@ -342,7 +291,8 @@ def _clear(path: str, fn: Any, cache_type: type, stale_ids: set[int]) -> str | N
     cache = _cache_of(fn, cache_type)
     label = f"tf.function {path}"
     if cache is None:
-        held = sum(1 for c in _traces(fn) if _is_stale(c, stale_ids))
+        traces: list[Any] = attempt(lambda: list(fn._list_all_concrete_functions()), [])
+        held = sum(1 for c in traces if _is_stale(c, stale_ids))
         if not held:
             return None
         return (
@@ -363,13 +313,6 @@ def _traces_text(count: int) -> str:
     return f"{count} trace" + ("" if count == 1 else "s")
 
 
-def _traces(fn: Any) -> list[Any]:
-    try:
-        return list(fn._list_all_concrete_functions())
-    except Exception:
-        return []
-
-
 def clear_stale_traces(
     ns: Mapping[str, Any], stale: Iterable[Any], kept: Iterable[Any] = ()
 ) -> list[str]:
@@ -382,9 +325,7 @@ def clear_stale_traces(
         return []
     function_type, cache_type = found
     stale_ids = variable_ids(stale) - variable_ids(kept)
-    notes = []
-    for path, fn in instances_near(ns, function_type):
-        note = _clear(path, fn, cache_type, stale_ids)
-        if note:
-            notes.append(note)
-    return notes
+    notes = [
+        _clear(path, fn, cache_type, stale_ids) for path, fn in instances_near(ns, function_type)
+    ]
+    return [note for note in notes if note]

@@ -5,8 +5,8 @@ interrupt left it in graph mode.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -15,7 +15,7 @@ from typing import Any
 
 from kerasmagic.backends import Limit
 from kerasmagic.backends.oom import GPU_TOTAL, HOST_RAM, index_of, is_cpu
-from kerasmagic.compat.registry import loaded, works
+from kerasmagic.compat.registry import loaded, say_once, works
 
 
 # -- alloc: TensorFlow's own allocator figures, read only when the user has imported TensorFlow
@@ -49,11 +49,6 @@ class TfInfo:
         """Return the bytes of TensorFlow tensors over every device that keeps statistics."""
         return sum(d.current_bytes for d in self.devices) if self.devices else None
 
-    @property
-    def gpu_devices(self) -> tuple[TfDeviceMemory, ...]:
-        """Return the GPU devices only (what VRAM is compared with)."""
-        return tuple(d for d in self.devices if d.kind == "gpu")
-
 
 def tf_context() -> Any | None:
     """Return TensorFlow's eager context if TensorFlow is imported, without importing it.
@@ -72,54 +67,41 @@ def runtime_initialized() -> bool:
     return ctx is not None and getattr(ctx, "_context_handle", None) is not None
 
 
-def gpu_device_names() -> list[str]:
-    """Return TensorFlow's logical GPU names ("GPU:0", ...) once its runtime is up."""
+def stat_device_names() -> list[tuple[str, str]]:
+    """Return (name, kind) of every device whose allocator may keep statistics: CPU:0, and
+    TensorFlow's logical GPUs ("GPU:0", ...), once its runtime is up."""
     ctx = tf_context()
     if ctx is None or not runtime_initialized():
         return []
-    return [f"GPU:{i}" for i, _ in enumerate(ctx.list_logical_devices("GPU"))]
+    gpus = ctx.list_logical_devices("GPU")
+    return [("CPU:0", "cpu")] + [(f"GPU:{i}", "gpu") for i in range(len(gpus))]
 
 
-def stat_device_names() -> list[tuple[str, str]]:
-    """Return (name, kind) of every device whose allocator may keep statistics: CPU:0, GPUs."""
-    if not runtime_initialized():
-        return []
-    return [("CPU:0", "cpu")] + [(name, "gpu") for name in gpu_device_names()]
+def _each_device(method: str) -> list[tuple[str, str, Any]]:
+    """Return (name, kind, answer) of each device with statistics, ``method`` of
+    ``tf.config.experimental`` asked of it; one without ("Allocator stats not available": a
+    CPU with ``TF_ENABLE_ONEDNN_OPTS=0``, some builds) is left out."""
+    out = []
+    for name, kind in stat_device_names():
+        with contextlib.suppress(ValueError, RuntimeError):
+            call = getattr(sys.modules["tensorflow"].config.experimental, method)
+            out.append((name, kind, call(name)))
+    return out
 
 
 def read_tf() -> TfInfo:
-    """Return allocator use per device; never imports TensorFlow or starts its runtime.
-
-    A device without statistics (CPU with ``TF_ENABLE_ONEDNN_OPTS=0``, some builds) is left out.
-    """
-    if "tensorflow" not in sys.modules or tf_context() is None:
-        return TfInfo(imported=False, initialized=False, devices=())
-    if not runtime_initialized():
-        return TfInfo(imported=True, initialized=False, devices=())
-    tf = sys.modules["tensorflow"]
-    devices = []
-    for name, kind in stat_device_names():
-        try:
-            info = tf.config.experimental.get_memory_info(name)
-        except (ValueError, RuntimeError):  # "Allocator stats not available" on this device
-            continue
-        devices.append(TfDeviceMemory(name, int(info["current"]), int(info["peak"]), kind))
+    """Return allocator use per device; never imports TensorFlow or starts its runtime."""
+    imported = "tensorflow" in sys.modules and tf_context() is not None
+    if not imported or not runtime_initialized():
+        return TfInfo(imported=imported, initialized=False, devices=())
+    found = _each_device("get_memory_info")
+    devices = (TfDeviceMemory(n, int(i["current"]), int(i["peak"]), k) for n, k, i in found)
     return TfInfo(imported=True, initialized=True, devices=tuple(devices))
 
 
 def reset_tf_peaks() -> list[str]:
     """Reset TensorFlow's peak counter on every device that keeps one; return those reset."""
-    if not runtime_initialized():
-        return []
-    tf = sys.modules["tensorflow"]
-    done = []
-    for name, _ in stat_device_names():
-        try:
-            tf.config.experimental.reset_memory_stats(name)
-        except (ValueError, RuntimeError):
-            continue
-        done.append(name)
-    return done
+    return [name for name, _, _ in _each_device("reset_memory_stats")]
 
 
 # -- config: TensorFlow's GPU memory settings, which only work before it starts its devices
@@ -166,11 +148,9 @@ def tf_logical_gpus(tf: Any) -> list[tuple[int, int | None]]:
 
     Reads the configuration set on each physical GPU; never starts TensorFlow's runtime.
     """
-    out: list[tuple[int, int | None]] = []
-    for physical, gpu in enumerate(tf.config.list_physical_devices("GPU")):
-        configs = tf.config.get_logical_device_configuration(gpu) or [None]
-        out.extend((physical, getattr(c, "memory_limit", None)) for c in configs)
-    return out
+    gpus = enumerate(tf.config.list_physical_devices("GPU"))
+    configs = [(i, tf.config.get_logical_device_configuration(gpu) or [None]) for i, gpu in gpus]
+    return [(i, getattr(c, "memory_limit", None)) for i, each in configs for c in each]
 
 
 def tf_gpu_limit(
@@ -186,25 +166,19 @@ def tf_gpu_limit(
     return Limit(totals[physical], GPU_TOTAL) if physical < len(totals) else None
 
 
-def tf_cpu_cap() -> Limit | None:
-    """Return the cap of TensorFlow's capped CPU allocator, if one is set."""
-    cap = os.environ.get(CPU_CAP_VAR, "")
-    return Limit(int(cap) * 2**20, CPU_CAP_VAR) if cap.isdigit() else None
-
-
 def device_limit(device: str, totals: Sequence[int], host_total: int | None) -> Limit | None:
     """Return the limit of TensorFlow's ``device`` (``Backend.limit``): its cap, else the host's
     RAM (``CPU:0``) or its GPU's total."""
     if is_cpu(device):
-        return tf_cpu_cap() or (Limit(host_total, HOST_RAM) if host_total else None)
+        cap = os.environ.get(CPU_CAP_VAR, "")
+        if cap.isdigit():
+            return Limit(int(cap) * 2**20, CPU_CAP_VAR)
+        return Limit(host_total, HOST_RAM) if host_total else None
     tf = sys.modules.get("tensorflow")
     return tf_gpu_limit(index_of(device), tf_logical_gpus(tf) if tf is not None else [], totals)
 
 
-# -- mode: TensorFlow's execution mode on the main thread, and putting it back after an interrup
-log = logging.getLogger(__name__)
-
-
+# -- mode: TensorFlow's execution mode on the main thread, and putting it back after an interrupt
 @dataclass(frozen=True)
 class Mode:
     """The thread's execution mode and the depth of its two context stacks."""
@@ -224,51 +198,36 @@ def read_mode() -> Mode | None:
     return Mode(bool(ctx.executing_eagerly()), len(ctx.context_switches.stack), len(graphs))
 
 
-AT_START = Mode(True, 1, 0)  # a thread's state when TensorFlow is first imported
-
-
 def drop_stale_switches(before: Mode | None) -> int:
     """Pop the context switches left above ``before`` by blocks that are over; return how many.
 
     An entry stays while its block is open: a graph's while that graph is on the default-graph
     stack and the thread is in graph mode; an eager one (``init_scope`` in a graph) while a
     graph entered since ``before`` is still open. Anything above the last such entry is left by
-    an interrupted entry or exit.
+    an interrupted entry or exit. Without ``before``: a thread as TensorFlow starts it.
     """
     try:
-        return _drop_stale_switches(before)
+        ctx, ops = tf_context(), sys.modules.get("tensorflow.python.framework.ops")
+        if ctx is None or ops is None:
+            return 0
+        start = before or Mode(True, 1, 0)
+        stack = ctx.context_switches.stack
+        if len(stack) <= max(1, start.switches):  # the cell's end, nearly always: nothing to read
+            return 0
+        graphs = list(getattr(getattr(ops, "_default_graph_stack", None), "stack", ()))
+        opened = graphs[start.graphs :]
+        dropped = 0
+        while len(stack) > max(1, start.switches):
+            graph = getattr(stack[-1].enter_context_fn, "__self__", None)
+            mine = any(g is graph for g in opened) and not ctx.executing_eagerly()
+            if mine if graph is not None else opened:  # its block is still open
+                break
+            stack.pop()
+            dropped += 1
+        return dropped
     except Exception:  # TF's private stacks renamed: a warning once, never a per-cell error
-        if not _failed:
-            _failed.append(True)
-            log.warning("kerasmagic: could not read TensorFlow's context switches", exc_info=True)
+        say_once(["kerasmagic: could not read TensorFlow's context switches"], exc_info=True)
         return 0
-
-
-_failed: list[bool] = []
-
-
-def _drop_stale_switches(before: Mode | None) -> int:
-    ctx, ops = tf_context(), sys.modules.get("tensorflow.python.framework.ops")
-    if ctx is None or ops is None:
-        return 0
-    start = before or AT_START
-    stack = ctx.context_switches.stack
-    if len(stack) <= max(1, start.switches):  # the cell's end, nearly always: nothing to read
-        return 0
-    graphs = list(getattr(getattr(ops, "_default_graph_stack", None), "stack", ()))
-    opened = graphs[start.graphs :]
-    dropped = 0
-    while len(stack) > max(1, start.switches):
-        graph = getattr(stack[-1].enter_context_fn, "__self__", None)
-        if graph is not None:
-            still_open = any(g is graph for g in opened) and not ctx.executing_eagerly()
-        else:
-            still_open = bool(opened)
-        if still_open:
-            break
-        stack.pop()
-        dropped += 1
-    return dropped
 
 
 def restore_eager(before: Mode) -> bool:

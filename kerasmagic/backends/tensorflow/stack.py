@@ -24,39 +24,23 @@ empties the tree; it also resets itself past ``MAX_NODES`` frames.
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import CodeType
-from typing import Any
+from typing import Any, TypeVar
 
-from kerasmagic.compat.registry import broken, works
+from kerasmagic.compat.registry import broken, say_once, works
 
+T = TypeVar("T")
 MAX_MAPS = 64  # source maps whose files are remembered (autograph builds one per function)
 
 _original: Callable[..., Any] | None = None
 _stops: dict[int, CodeType] = {}  # id -> code whose frames (and those above) are not recorded
-_map_files: dict[int, tuple[Any, frozenset[str]]] = {}
+_map_files: dict[object, tuple[Any, frozenset[str]]] = {}
 _own: dict[str, bool] = {}  # file -> whether it is TensorFlow's own (not recorded)
 _lock = threading.RLock()  # re-entrant: a finalizer run inside a capture may create an op
 _NO_FILES: frozenset[str] = frozenset()
-_failed: list[bool] = []  # the capture failed once: said once, TensorFlow's own used since
-log = logging.getLogger(__name__)
-
-
-def _modules() -> tuple[Any, Any] | None:
-    """Return (tf_stack, _tf_stack) if they look as expected."""
-    tf_stack = sys.modules.get("tensorflow.python.util.tf_stack")
-    if tf_stack is None:
-        return None
-    native = getattr(tf_stack, "_tf_stack", None)
-    needed = ("_source_mapper_stacks", "_source_filter_stacks", "extract_stack")
-    if native is None or not all(hasattr(tf_stack, n) for n in needed):
-        return None
-    if not hasattr(native, "LoadTracesFromDebugInfo"):
-        return None
-    return tf_stack, native
 
 
 def _key(frame: Any, drop: int, source_map: Any, filtered: Any, kept: list[Any]) -> list[object]:
@@ -82,13 +66,15 @@ def _key(frame: Any, drop: int, source_map: Any, filtered: Any, kept: list[Any])
                 drop -= 1
             else:
                 tensorflows = own(filename)
-                if tensorflows is None:
-                    tensorflows = _is_tensorflows(filename)
+                if tensorflows is None:  # as TensorFlow's C++ judges user frames
+                    path = filename.replace("\\", "/")
+                    tensorflows = "tensorflow/python" in path and "keras" not in path
+                    tensorflows = _own[filename] = tensorflows and "test.py" not in path
                 if not tensorflows:
                     keep(frame)
                     if filename in mapped_files:
                         append(_frame(frame, source_map))
-                    else:  # as _entry, inline: this runs for every frame of every op
+                    else:  # inline: this runs for every frame of every op
                         line = (code.co_firstlineno, code.co_linetable, frame.f_lasti)
                         append((filename, code.co_name, *line))
                 elif innermost is None:
@@ -96,16 +82,11 @@ def _key(frame: Any, drop: int, source_map: Any, filtered: Any, kept: list[Any])
         frame = frame.f_back
     if not out and innermost is not None:
         keep(innermost)
-        append(_entry(innermost, source_map, mapped_files))
+        code = innermost.f_code
+        line = (code.co_firstlineno, code.co_linetable, innermost.f_lasti)
+        mapped = code.co_filename in mapped_files
+        append(_frame(innermost, source_map) if mapped else (code.co_filename, code.co_name, *line))
     return out
-
-
-def _entry(frame: Any, source_map: Any, mapped_files: Any) -> object:
-    """Return ``frame``'s entry: what decides its line, or its mapped (file, line, function)."""
-    code = frame.f_code
-    if code.co_filename in mapped_files:
-        return _frame(frame, source_map)
-    return (code.co_filename, code.co_name, code.co_firstlineno, code.co_linetable, frame.f_lasti)
 
 
 def _frame(frame: Any, source_map: Any) -> tuple[str, int, str]:
@@ -115,26 +96,22 @@ def _frame(frame: Any, source_map: Any) -> tuple[str, int, str]:
     return mapped or (code.co_filename, lineno, code.co_name)  # type: ignore[no-any-return]
 
 
-def _is_tensorflows(filename: str) -> bool:
-    """Return whether ``filename`` is TensorFlow's own, as its C++ judges user frames."""
-    own = _own.get(filename)
-    if own is None:
-        path = filename.replace("\\", "/")
-        own = _own[filename] = (
-            "tensorflow/python" in path and "keras" not in path and "test.py" not in path
-        )
-    return own
+def _memo(table: dict[Any, tuple[Any, T]], owner: Any, key: object, make: Callable[[], T]) -> T:
+    """Return ``table[key]``'s value, made by ``make()`` the first time. ``key`` holds
+    ``id(owner)``: ``owner`` is kept with the value, so the id stays its own."""
+    known = table.get(key)
+    if known is None or known[0] is not owner:
+        known = table[key] = (owner, make())
+    return known[1]
 
 
 def _mapped_files(source_map: Any) -> Any:
     """Return the files ``source_map`` has lines of (remembered per map: TF builds each once)."""
     if not source_map:
         return _NO_FILES
-    known = _map_files.get(id(source_map))
-    if known is not None and known[0] is source_map:
-        return known[1]
-    files = frozenset(filename for filename, _ in source_map)
-    _map_files[id(source_map)] = (source_map, files)  # the map is kept, so its id stays its own
+    files = _memo(
+        _map_files, source_map, id(source_map), lambda: frozenset(f for f, _ in source_map)
+    )
     while len(_map_files) > MAX_MAPS:
         _map_files.pop(next(iter(_map_files)))
     return files
@@ -150,12 +127,8 @@ def _make_extract_stack(
         try:
             return capture(stacklevel + 1)
         except Exception:  # never break model building: TensorFlow's own capture instead
-            if not _failed:
-                _failed.append(True)
-                log.warning(
-                    "kerasmagic: string op stack traces failed; TensorFlow's own are used",
-                    exc_info=True,
-                )
+            failed = "kerasmagic: string op stack traces failed; TensorFlow's own are used"
+            say_once([failed], exc_info=True)
             return original(stacklevel + 1)  # + this frame
 
     def capture(stacklevel: int) -> Any:
@@ -203,16 +176,16 @@ def install() -> str | None:
     global _original
     if _original is not None:
         return None
-    found = _modules()
+    tf_stack: Any = sys.modules.get("tensorflow.python.util.tf_stack")
+    native: Any = getattr(tf_stack, "_tf_stack", None)
+    needed = ("_source_mapper_stacks", "_source_filter_stacks", "extract_stack")
+    found = all(hasattr(tf_stack, n) for n in needed) and hasattr(native, "LoadTracesFromDebugInfo")
     reaches = ("tf.stack_capture", "tf.debug_info", "cpython.frames")  # off: said by compat
-    if found is None or not all(works(reach) for reach in reaches):
+    if not found or not all(works(reach) for reach in reaches):
         return "TensorFlow's tf_stack internals not found; op stack traces left as they are"
-    tf_stack, native = found
     frames = [("a.py", 3, "f"), ("b/é.py", 70_000, "g"), ("a.py", 1, "<module>")]
-    read = [
-        (f.filename, f.lineno, f.name)
-        for f in native.LoadTracesFromDebugInfo(encode_frames(frames))["t"][:]
-    ]
+    traces = native.LoadTracesFromDebugInfo(encode_frames(frames))["t"][:]
+    read = [(f.filename, f.lineno, f.name) for f in traces]
     if read != frames:  # this TensorFlow numbers GraphDebugInfo's fields otherwise
         broken("tf.debug_info", "reads GraphDebugInfo bytes differently")
         return "TensorFlow reads GraphDebugInfo differently; op stack traces left as they are"
@@ -258,11 +231,10 @@ class Node:
 
 _root = Node(b"", {})
 _nodes = 0
-_file_fields: dict[str, bytes] = {}
 _tails: dict[object, tuple[str, bytes]] = {}  # entry -> (file, FileLineCol fields but the file)
 _pieces: dict[tuple[int, bytes], bytes] = {}  # (file index, tail) -> the frame's field
-_grown: dict[tuple[int, str], tuple[dict[str, int], dict[str, int]]] = {}  # -> (files, grown)
-_headers: dict[int, tuple[dict[str, int], bytes]] = {}  # id(files) -> (files, encoded list)
+_grown: dict[object, tuple[Any, dict[str, int]]] = {}  # -> (files, grown)
+_headers: dict[object, tuple[Any, bytes]] = {}  # id(files) -> (files, encoded list)
 
 
 def find(key: Sequence[object]) -> tuple[Node, int]:
@@ -290,8 +262,11 @@ def grow(
         node = node.children[entry]
         pieces.append(node.piece)
     new = key[:missing]
-    tails = _tails_of(new, frames)
-    for entry, (filename, tail) in zip(reversed(new), reversed(tails), strict=True):
+    tails = [_tails.get(entry) for entry in new]  # file, and FileLineCol's line and function
+    wanted = [i for i, tail in enumerate(tails) if tail is None]
+    for i, (filename, lineno, func) in zip(wanted, frames(wanted) if wanted else (), strict=True):
+        tails[i] = _tails[new[i]] = (filename, _tail(lineno, func))
+    for entry, (filename, tail) in zip(reversed(new), reversed(tails), strict=True):  # type: ignore[misc]
         files = node.files
         index = files.get(filename)
         if index is None:
@@ -308,43 +283,23 @@ def grow(
     return node, pieces
 
 
-def _tails_of(
-    entries: Sequence[object], frames: Callable[[list[int]], Sequence[Frame]]
-) -> list[tuple[str, bytes]]:
-    """Return each entry's file and FileLineCol line and function fields."""
-    tails = [_tails.get(entry) for entry in entries]
-    wanted = [i for i, tail in enumerate(tails) if tail is None]
-    if wanted:
-        for i, (filename, lineno, func) in zip(wanted, frames(wanted), strict=True):
-            tails[i] = _tails[entries[i]] = (filename, _tail(lineno, func))
-    return tails  # type: ignore[return-value]
-
-
 def _with_file(files: dict[str, int], filename: str) -> dict[str, int]:
     """Return ``files`` with ``filename`` numbered next (one dict per parent and file)."""
-    step = (id(files), filename)
-    known = _grown.get(step)
-    if known is not None and known[0] is files:  # files is kept with it: its id stays its own
-        return known[1]
-    grown = {**files, filename: len(files)}
-    _grown[step] = (files, grown)
-    return grown
+    return _memo(_grown, files, (id(files), filename), lambda: {**files, filename: len(files)})
 
 
 def encode(node: Node, pieces: Sequence[bytes]) -> bytes:
     """Return a ``GraphDebugInfo`` with one trace ``"t"``: the stack ending at ``node``."""
-    return _document(_files(node.files), pieces)
+    files = node.files
+    return _document(_memo(_headers, files, id(files), lambda: _files(files)), pieces)
 
 
 def encode_frames(frames: Sequence[Frame]) -> bytes:
     """Return a ``GraphDebugInfo`` whose trace ``"t"`` is ``frames``, outermost first, written as
     ``encode`` writes a stack (kerasmagic's self-check reads it back through TensorFlow)."""
     files: dict[str, int] = {}
-    pieces = []
-    for filename, lineno, func in frames:
-        index = files.setdefault(filename, len(files))
-        pieces.append(_piece(index, _tail(lineno, func)))
-    return _document(b"".join(_field(b"\x0a", _utf8(name)) for name in files), pieces)
+    pieces = [_piece(files.setdefault(f, len(files)), _tail(n, func)) for f, n, func in frames]
+    return _document(_files(files), pieces)
 
 
 # GraphDebugInfo's wire format: files = 1, traces = 2 (a map: key 1, value 2); StackTrace's
@@ -366,24 +321,13 @@ def clear() -> int:
     """Drop every node; return how many there were."""
     global _root, _nodes
     count, _root, _nodes = _nodes, Node(b"", {}), 0
-    for memo in (_file_fields, _tails, _pieces, _grown, _headers):
+    for memo in (_tails, _pieces, _grown, _headers):
         memo.clear()
     return count
 
 
 def _files(files: dict[str, int]) -> bytes:
-    known = _headers.get(id(files))
-    if known is not None and known[0] is files:
-        return known[1]
-    out = []
-    for name in files:  # in index order: a dict keeps insertion order
-        field = _file_fields.get(name)
-        if field is None:
-            field = _file_fields[name] = _field(b"\x0a", _utf8(name))
-        out.append(field)
-    header = b"".join(out)
-    _headers[id(files)] = (files, header)
-    return header
+    return b"".join(_field(b"\x0a", _utf8(name)) for name in files)  # in index order
 
 
 def _varint(value: int) -> bytes:
