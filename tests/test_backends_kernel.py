@@ -92,6 +92,16 @@ def rerun(kernel: Kernel) -> list[tuple[str, dict[str, int]]]:
     return figures
 
 
+def assert_cannot_predict(kernel: Kernel, why: str) -> None:
+    """Know before fit where the backend keeps no peak: one line saying so; the fit runs."""
+    shown = kernel.run("p = kerasmagic.predict_fit(build(), x, y, batch_size=64)\nprint(p.fits)")
+    said = " ".join(shown.split())
+    assert said == f"kerasmagic: cannot predict on this backend here: {why} None"
+    shown = kernel.run("%%fresh_model --predict -q\nm = build()\nh = m.fit(x, y, verbose=0)")
+    assert "kerasmagic: cannot predict on this backend here" in shown
+    assert kernel.run("print(len(h.history['loss']))").strip() == "1"  # the fit ran
+
+
 def assert_no_traceback(shown: str) -> None:
     assert "Traceback" not in shown and "Error" not in shown, shown
 
@@ -120,6 +130,7 @@ def test_jax_kernel_stays_flat_and_shows_jax(kernel: Kernel) -> None:
     assert (
         widget.startswith("jax |") and "live arrays" in widget and "custom gradients" not in widget
     )
+    assert_cannot_predict(kernel, "JAX keeps no allocator figures on the CPU")
 
 
 @pytest.mark.parametrize("kernel", ["torch"], indirect=True)
@@ -130,6 +141,7 @@ def test_torch_kernel_resets_names_and_shows_torch(kernel: Kernel) -> None:
     assert "PyTorch" in shown and " on CPU, Keras's backend" in shown
     assert "TensorFlow not imported" not in shown
     assert_no_traceback(shown)
+    assert_cannot_predict(kernel, "PyTorch keeps no allocator figures on the CPU")
 
 
 @pytest.mark.parametrize("kernel", ["numpy"], indirect=True)

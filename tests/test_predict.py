@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 import pytest
+from conftest import kernel_run, kernel_value, real_kernel
 
 import kerasmagic
 from kerasmagic.oom.batch import FitPrediction
@@ -260,3 +261,97 @@ def test_bad_arguments_are_one_clear_error() -> None:
         kerasmagic.predict_fit(_compiled(), x, x, margin=1.5)
     with pytest.raises(ValueError, match="limit_mb"):
         kerasmagic.predict_fit(_compiled(), x, x, limit_mb="lots")
+
+
+INTERRUPTED = """
+import numpy as np, keras, kerasmagic
+
+class CtrlC(keras.Sequential):  # run eagerly: a Ctrl-C lands in a step's Python, as in a fit
+    steps, at = 0, 0
+    def train_step(self, data):
+        CtrlC.steps += 1
+        if CtrlC.steps == CtrlC.at:
+            raise KeyboardInterrupt
+        return super().train_step(data)
+
+model = CtrlC([keras.Input((16,)), keras.layers.Dense(32), keras.layers.Dense(2)])
+model.compile("adam", "mse", run_eagerly=True)
+x, y = np.random.rand(512, 16).astype("float32"), np.random.rand(512, 2).astype("float32")
+model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+state = lambda: [v.numpy().tobytes() for v in (*model.variables, *model.optimizer.variables)]
+before, functions = state(), (model.train_function, model.history)
+"""
+
+
+def test_a_ctrl_c_mid_prediction_stops_it_and_leaves_model_and_namespace_as_they_were() -> None:
+    """Ctrl-C while a probe trains (its third step: after the warm-up, mid-probe) reaches the
+    user at once, as in a plain fit, with the model's weights, optimizer and functions put back;
+    under ``%%fresh_model --predict`` the cell stops there, the fit never starts and the
+    namespace keeps every value."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    pytest.importorskip("tensorflow")
+    shell = InteractiveShell.instance()
+    shell.run_cell(INTERRUPTED).raise_error()
+    ns = shell.user_ns
+    if isinstance(kerasmagic.oom.batch.device_meter(), str):
+        pytest.skip("TensorFlow keeps no CPU allocator figures here: nothing is probed")
+    ns["CtrlC"].at = ns["CtrlC"].steps + 3
+    with pytest.raises(KeyboardInterrupt):
+        kerasmagic.predict_fit(ns["model"], ns["x"], ns["y"], batch_size=256, verbose=False)
+    assert ns["CtrlC"].steps == ns["CtrlC"].at  # it stopped where the Ctrl-C landed
+    assert shell.run_cell("state() == before").result is True  # byte for byte
+    assert shell.run_cell("functions == (model.train_function, model.history)").result is True
+
+    shell.extension_manager.load_extension("kerasmagic")
+    try:
+        ns["CtrlC"].at = ns["CtrlC"].steps + 3
+        cell = "%%fresh_model --predict -q\nh = model.fit(x, y, batch_size=256, verbose=0)\n"
+        result = shell.run_cell(cell)
+        assert isinstance(result.error_in_exec, KeyboardInterrupt)
+        assert "h" not in ns and ns["CtrlC"].steps == ns["CtrlC"].at  # the fit never started
+        assert shell.run_cell("state() == before").result is True
+        assert all(name in ns for name in ("model", "x", "y", "before"))
+        assert "fit" not in vars(ns["keras"].Model)  # Keras's own fit again
+        shell.run_cell("h = model.fit(x, y, batch_size=256, verbose=0)").raise_error()
+        assert ns["h"].history["loss"]  # the next fit runs as written
+    finally:
+        shell.extension_manager.unload_extension("kerasmagic")
+
+
+KERNEL_SETUP = """
+import numpy as np, keras
+x = np.random.rand(16384, 512).astype("float32")
+y = np.random.randint(0, 10, 16384)
+model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024, activation="relu"),
+                          keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])
+model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+"""
+
+
+@pytest.mark.slow
+def test_in_a_kernel_a_fit_too_big_is_stopped_and_the_batch_it_names_trains(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a user meets it: cells sent to a real kernel under a 160 MB capped allocator. The
+    fit that would not fit stops before its first step with one line naming the batch that
+    fits; the user's values stay; the same cell with that batch trains to the end."""
+    for name, value in (("TF_CPU_ALLOCATOR_USE_BFC", "true"), ("TF_CPU_BFC_MEM_LIMIT_IN_MB", "160"),
+                        ("TF_ENABLE_ONEDNN_OPTS", "0")):  # fmt: skip
+        monkeypatch.setenv(name, value)
+    cell = "%%fresh_model --predict\nh = model.fit(x, y, batch_size={}, validation_split=0.1)\n"
+    with real_kernel(str(tmp_path)) as (_, client):
+        assert kernel_run(client, KERNEL_SETUP)[0]["status"] == "ok"
+        content, text = kernel_run(client, cell.format(12288), 300)
+        assert content["status"] == "error" and content["ename"] == "MemoryError", text
+        said = flat(text)
+        assert "fit of batch 12288 will peak at" in said and "Not started." in said, text
+        assert "ResourceExhausted" not in text and "Epoch 1/1" not in text  # no step ran
+        assert kernel_value(client, "[n in globals() for n in ('h', 'x', 'y', 'model')]") == [
+            False, True, True, True]  # fmt: skip
+        named = int(said.split("too big for 90% of it; batch ")[1].split()[0])
+        assert 512 <= named < 12288, text
+        content, text = kernel_run(client, cell.format(named), 600)
+        assert content["status"] == "ok", text
+        assert f"fit of batch {named} will peak at" in flat(text) and "): fits." in flat(text)
+        assert kernel_value(client, "len(h.history['loss'])") == 1  # the whole epoch trained

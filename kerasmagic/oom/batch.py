@@ -101,45 +101,31 @@ def measure_batch(
     _check(model, margin, limit_mb, "find_batch_size", "train_on_batch")
     meter = device_meter(_mb(limit_mb))
     if isinstance(meter, str):
-        return BatchFit(None, f"kerasmagic: {meter}: no batch size measured")
+        return BatchFit(None, _wrapped(f"kerasmagic: {meter}: no batch size measured"))
     samples = _rows(x)
     cap = min(samples, max_batch) if max_batch else samples
-    saved = _save(model)
-    tf_log = logging.getLogger("tensorflow")  # each probe's new shape retraces: not news
-    level = tf_log.level
-    tf_log.setLevel(logging.ERROR)
-    try:
-        return _search(model, x, y, meter, cap, margin, saved)
-    finally:
-        tf_log.setLevel(level)
-        _restore(model, saved)
-        # The probes' traces (fit traces its own). Replaced before it is unset: Keras < 3.5
-        # keeps the old one among TensorFlow's tracked dependencies after ``= None``, and on
-        # TF 2.16 a step that ran out keeps what it allocated with it.
-        if works("keras.train_function"):  # moved: said once, by compat; the traces stay
-            model.make_train_function(force=True)
-        model.train_function = None
-        gc.collect()
+    with _kept(model), _quiet():  # each probe's new shape retraces: not news
+        return _search(model, x, y, meter, cap, margin)
 
 
-def _search(
-    model: Any, x: Any, y: Any, meter: Meter, cap: int, margin: float, saved: Any
-) -> BatchFit:
+def _search(model: Any, x: Any, y: Any, meter: Meter, cap: int, margin: float) -> BatchFit:
     small, large = (min(p, cap) for p in PROBES)
     budget = int(meter.limit_bytes * margin)
     peaks: dict[int, int] = {}
     for batch in (small, *dict.fromkeys((small, large))):  # the first step warms up, unmeasured
-        peak = _step(model, x, y, batch, meter, saved)
+        peak = _step(model, x, y, batch, meter)
         if peak is None:
-            return BatchFit(0, f"kerasmagic: even a batch of {batch} runs out of memory on "
-                            f"{meter.device}: free memory first (kerasmagic.reset())")  # fmt: skip
+            why = f"even a batch of {batch} runs out of memory on {meter.device}"
+            return BatchFit(
+                0, _wrapped(f"kerasmagic: {why}: free memory first (kerasmagic.reset())")
+            )
         peaks[batch] = peak
     prev, best, ooms = small, large, 0
     for _ in range(TRIES if peaks[large] <= budget else 0):
         guess = _next_guess(peaks, prev, best, budget, cap)
         if guess <= best * 1.05 or guess <= best + 1:
             break
-        peak = _step(model, x, y, guess, meter, saved)
+        peak = _step(model, x, y, guess, meter)
         if peak is None:
             ooms += 1
             break
@@ -147,7 +133,7 @@ def _search(
         if peak > budget:  # it fits, past the margin: once more, between the two
             inside = _next_guess(peaks, best, guess, budget, guess - 1)
             if best < inside < guess:
-                peak = _step(model, x, y, inside, meter, saved)
+                peak = _step(model, x, y, inside, meter)
                 if peak is not None:
                     peaks[inside] = peak
             break
@@ -172,13 +158,13 @@ def _verdict(
     if not fitting:
         lines.append(f"kerasmagic: no batch of {low} or more fits in {fmt_bytes(budget)}: free "
                      "memory first (kerasmagic.reset()), or make the model smaller")  # fmt: skip
-        return BatchFit(0, "\n".join(lines), meter.limit_bytes)
+        return BatchFit(0, "\n".join(map(_wrapped, lines)), meter.limit_bytes)
     best = max(fitting)
     why = f"all {cap} samples; " if best == cap else ""
     tail = f"; {ooms} out-of-memory error on the way" if ooms else ""
     lines.append(f"kerasmagic: batch {best} fits ({why}one step peaked at "
                  f"{fmt_bytes(peaks[best])}{tail})")  # fmt: skip
-    return BatchFit(best, "\n".join(lines), meter.limit_bytes)
+    return BatchFit(best, "\n".join(map(_wrapped, lines)), meter.limit_bytes)
 
 
 def _next_guess(peaks: Mapping[int, int], a: int, b: int, budget: int, cap: int) -> int:
@@ -200,7 +186,7 @@ def _next_guess(peaks: Mapping[int, int], a: int, b: int, budget: int, cap: int)
     return max(1, min(cap, 2 * b, reach))
 
 
-def _step(model: Any, x: Any, y: Any, batch: int, meter: Meter, saved: Any) -> int | None:
+def _step(model: Any, x: Any, y: Any, batch: int, meter: Meter) -> int | None:
     """Run one train step of ``batch`` samples; return the allocator's peak, None on OOM."""
     gc.collect()
     meter.reset()
@@ -210,8 +196,6 @@ def _step(model: Any, x: Any, y: Any, batch: int, meter: Meter, saved: Any) -> i
         if find_oom(error) is None:
             raise
         return None  # leaving the except block drops the error and the step's frames
-    finally:
-        _restore(model, saved)
     return meter.peak()
 
 
@@ -223,6 +207,9 @@ def device_meter(limit_bytes: int | None = None) -> Meter | str:
     if backend == "torch":
         return _torch_meter(limit_bytes)
     if backend == "jax":
+        jax = sys.modules.get("jax")
+        if jax is not None and jax.default_backend() == "cpu":
+            return "JAX keeps no allocator figures on the CPU"
         return "JAX's allocator peak cannot be reset, so one train step cannot be measured"
     return f"Keras backend {backend!r} keeps no allocator figures kerasmagic reads"
 
@@ -304,23 +291,6 @@ def _take(data: Any, n: int) -> Any:
     if isinstance(data, (list, tuple)):
         return type(data)(_take(v, n) for v in data)
     return data[:n]
-
-
-def _save(model: Any) -> tuple[list[Any], list[Any]]:
-    """Build the optimizer if it is not (so its state can be put back); copy both states."""
-    optimizer = model.optimizer
-    if not getattr(optimizer, "built", True) and callable(getattr(optimizer, "build", None)):
-        optimizer.build(model.trainable_variables)
-    return model.get_weights(), [v.numpy() for v in _variables(optimizer)]
-
-
-def _restore(model: Any, saved: tuple[list[Any], list[Any]]) -> None:
-    weights, slots = saved
-    model.set_weights(weights)
-    for variable, value in zip(_variables(model.optimizer), slots, strict=False):
-        variable.assign(value)
-    if callable(getattr(model, "reset_metrics", None)):
-        model.reset_metrics()
 
 
 def _variables(optimizer: Any) -> Sequence[Any]:
@@ -407,7 +377,7 @@ def predict_fit(
         if uncounted := cpu_uncounted():
             notes.append(f"CPU:0's figures {uncounted}")
     if batch is None or not isinstance(meter, Meter):
-        why = notes.pop() if batch is None else f"{meter}: no fit predicted"
+        why = notes.pop() if batch is None else f"cannot predict on this backend here: {meter}"
         message = _wrapped(f"kerasmagic: {why}")
         return _said(FitPrediction(batch, None, None, margin=margin, message=message), verbose)
     fixed = dict(validation_split=validation_split, shuffle=shuffle, class_weight=class_weight,
