@@ -518,7 +518,9 @@ def _kept(model: Any) -> Iterator[None]:
         for variable, value in zip(variables, values, strict=True):
             variable.assign(value)
         if attributes["train_function"] in (None, _MISSING) and works("keras.train_function"):
-            model.make_train_function(force=True)  # see measure_batch: the probes' traces go
+            # the probes' traces go: replaced before it is unset, as Keras < 3.5 keeps the old
+            # one among TF's tracked dependencies after ``= None``
+            model.make_train_function(force=True)
         for name, value in attributes.items():
             if value is _MISSING:
                 vars(model).pop(name, None)
