@@ -75,6 +75,7 @@ def show_widget_and_sidebar(shell: InteractiveShell) -> None:
     """Display the live widget and open a sidebar comm, as a notebook with both does."""
     from kerasmagic.live import get_monitor
     from kerasmagic.views.comm import TARGET
+    from kerasmagic.views.protocol import PROTOCOL
     from kerasmagic.views.widget import LiveWidget
 
     monitor = get_monitor(shell)
@@ -83,9 +84,13 @@ def show_widget_and_sidebar(shell: InteractiveShell) -> None:
     content = {
         "comm_id": "sidebar",
         "target_name": TARGET,
-        "data": {"protocol": 1, "type": "hello"},
+        "data": {"protocol": PROTOCOL, "type": "hello"},
     }
+    sent = WireComm.sent
     comm.get_comm_manager().comm_open(None, "", {"content": content})
+    # The full state answers a hello; a refused one (an old protocol number) answers an error
+    # and a close, and the cells would be timed without a sidebar.
+    assert "sidebar" in comm.get_comm_manager().comms and WireComm.sent > sent
 
 
 def time_cells(shell: InteractiveShell, cells: int) -> list[float]:

@@ -32,7 +32,6 @@ objects = [[i] for i in range(1_000_000)]
 import keras
 models = [keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)]) for _ in range(3)]
 """
-HELLO = {"protocol": 1, "type": "hello"}
 
 
 def round_trip(kc: Any, code: str, timeout_s: float = 60.0) -> float:
@@ -52,21 +51,28 @@ def round_trip(kc: Any, code: str, timeout_s: float = 60.0) -> float:
     return elapsed
 
 
-def drain(kc: Any) -> None:
-    """Read whatever the kernel has already sent (widget and comm messages)."""
+def drain(kc: Any) -> list[dict[str, Any]]:
+    """Read whatever the kernel has already sent (widget and comm messages); return it."""
+    read = []
     while True:
         try:
-            kc.get_iopub_msg(timeout=0.2)
+            read.append(kc.get_iopub_msg(timeout=0.2))
         except Exception:  # queue.Empty
-            return
+            return read
 
 
 def open_sidebar(kc: Any) -> None:
     """Open a sidebar comm the way the JupyterLab extension does."""
-    content = {"comm_id": uuid.uuid4().hex, "target_name": "kerasmagic", "data": HELLO}
+    from kerasmagic.views.protocol import PROTOCOL
+
+    comm_id, hello = uuid.uuid4().hex, {"protocol": PROTOCOL, "type": "hello"}
+    content = {"comm_id": comm_id, "target_name": "kerasmagic", "data": hello}
     kc.shell_channel.send(kc.session.msg("comm_open", content))
     time.sleep(0.5)
-    drain(kc)
+    replies = [m["content"]["data"] for m in drain(kc) if m["msg_type"] == "comm_msg"
+               and m["content"].get("comm_id") == comm_id]  # fmt: skip
+    # A refused hello (an old protocol number) would time cells without a sidebar at all.
+    assert [r.get("type") for r in replies][:1] == ["state"], replies
 
 
 def cells(kc: Any, count: int) -> list[float]:
