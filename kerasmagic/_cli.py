@@ -30,26 +30,23 @@ fix on this machine."""
 
 DEMO_DESCRIPTION = """\
 Show, on this machine, how much memory re-building Keras models keeps, and what kerasmagic
-frees. The same loop (build a small Dense 256-256-10 model, fit it for one epoch on ROWS
-random rows and predict; N times) runs three times, each in a fresh Python process on the CPU
-(no GPU needed):
+frees. The same loop (build a Dense 256-256-10 model, fit it one epoch on ROWS random rows,
+predict; N times) runs three times, each in a fresh Python process on the CPU (no GPU needed):
 
   1. no cleanup: the model variable is simply reassigned
   2. Keras's own cleanup: del model + keras.backend.clear_session() + gc.collect()
   3. kerasmagic: kerasmagic.reset() before each model, as %%fresh_model does
 
-It then prints, per variant, the RSS and Python objects kept per model, the median cleanup
-time and the last layer's name (dense_89 rather than dense_2: Keras's name counter kept
-counting).
+It prints, per variant, the RSS and Python objects kept per model, the median cleanup time and
+the last layer's name (dense_89, not dense_2: Keras's name counter kept counting).
 
-Last, what runs out on a GPU: ten folds of a 256-1024-1024-10 model in one loop, with
-TensorFlow's allocator capped at 160 MB (its GPU allocator put on the CPU), each way in a
-fresh process: 4. cleanup by hand in the loop, 5. a plain loop in a %%fresh_model cell. It
-says how many folds each finished and what TensorFlow's allocator held (--no-folds skips it).
+Last, what runs out on a GPU: ten folds of a 256-1024-1024-10 model in one loop, TensorFlow's
+allocator capped at 160 MB (its GPU allocator on the CPU), each way in a fresh process: 4. by
+hand in the loop, 5. a plain loop in a %%fresh_model cell; it says how many folds each finished
+and what the allocator held (--no-folds skips it).
 
-With the defaults it takes about 1-3 minutes per variant on 2 CPU cores (4-7 minutes in
-all with the folds; Keras's own cleanup is the slowest); a progress line shows where it is.
-Needs TensorFlow: pip install 'kerasmagic[tf]'."""
+About 1-3 minutes per variant on 2 CPU cores (4-7 minutes in all with the folds); a progress
+line shows where it is. Needs TensorFlow: pip install 'kerasmagic[tf]'."""
 
 
 # -- the demo's progress line ----------------------------------------------------------------------
@@ -77,11 +74,10 @@ class StepProgress:
         self.live, self.done, self._start = stream.isatty(), 0, time.monotonic()
         self._first_s, self._width = 0.0, 0
         self._lock, self._stop = threading.Lock(), threading.Event()
-        self._ticker: threading.Thread | None = None
+        self._ticker = threading.Thread(target=self._tick, daemon=True)
 
     def __enter__(self) -> StepProgress:
         if self.live:
-            self._ticker = threading.Thread(target=self._tick, daemon=True)
             self._ticker.start()
         else:
             self._draw(f"{self.label}: started", final=True)
@@ -89,7 +85,7 @@ class StepProgress:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        if self._ticker is not None:
+        if self._ticker.is_alive():
             self._ticker.join()
         elapsed = time.monotonic() - self._start
         ok = exc[0] is None

@@ -16,8 +16,9 @@ def fmt_bytes(n: int | None) -> str:
 
 
 def signed_bytes(n: int | None) -> str:
-    """Return a change in bytes with its sign (``+1.2 MB``, ``-3.0 KB``); ``n/a`` for None."""
-    return "n/a" if n is None else ("+" if n >= 0 else "") + fmt_bytes(n)
+    """Return a change in bytes with its sign (``+1.2 MB``, ``-3.0 KB``, and ``0 B`` as the
+    sidebar's ``formatDelta`` writes it); ``n/a`` for None."""
+    return "n/a" if n is None else ("+" if n > 0 else "") + fmt_bytes(n)
 
 
 def reserved_text(reserved: int) -> str:

@@ -25,7 +25,6 @@ import re
 import sys
 import types as pytypes
 import weakref
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
@@ -270,22 +269,6 @@ def contents(obj: Any, limit: int = NEAR_ITEMS) -> list[tuple[str, Any]]:
     return items_of(obj, limit) or []
 
 
-def attributes(obj: Any, limit: int = NEAR_ITEMS) -> list[tuple[str, Any]]:
-    """Return ``[(".name", value)]`` of any instance's ``__dict__`` as the collector sees it
-    (no ``__getattr__`` or property runs); nothing for classes, modules and functions."""
-    if issubclass(type(obj), OPAQUE):
-        return []
-    dicts = [ref for ref in gc.get_referents(obj) if type(ref) is dict]
-    if not dicts:  # Python 3.11+ keeps attributes inline until __dict__ is asked for
-        attrs = instance_dict(obj)
-        dicts = [] if attrs is None else [attrs]
-    return [
-        (f".{key}" if type(key) is str else f"[{safe_key(key)}]", value)
-        for ref in dicts
-        for key, value in islice(dict.items(ref), limit)
-    ]
-
-
 def _cells(fn: pytypes.FunctionType) -> Iterator[Any]:
     """Yield the contents of a function's closure cells (empty ones skipped)."""
     for cell in fn.__closure__ or ():
@@ -332,24 +315,19 @@ def closure_objects(obj: Any, depth: int, containers: bool = False) -> Iterator[
 # -- the near walk: per cell, from the names, two levels into their containers ------------------
 
 
-def walk(path: str, obj: Any, callbacks: tuple[type, ...]) -> Iterator[tuple[str, Any]]:
-    """Yield ``(path, object)`` for ``obj``, its container items and callbacks' models."""
-    for found_path, found, _ in _walk(path, obj, callbacks, 0):
-        yield found_path, found
-
-
-def _walk(
-    path: str, obj: Any, cbs: tuple[type, ...], depth: int
+def walk(
+    path: str, obj: Any, callbacks: tuple[type, ...], depth: int = 0
 ) -> Iterator[tuple[str, Any, bool]]:
-    """``walk``, each entry saying whether it was reached through a callback's link."""
+    """Yield ``(path, object, linked)`` for ``obj``, its container items and callbacks' models
+    (``linked``: reached through a callback's ``.model``)."""
     yield path, obj, False
-    if is_a(obj, cbs):
+    if is_a(obj, callbacks):
         model = callback_model(obj)
         if model is not None:
             yield f"{path}.model", model, True
     elif depth < NEAR_DEPTH:
         for suffix, item in items_of(obj) or ():
-            yield from _walk(path + suffix, item, cbs, depth + 1)
+            yield from walk(path + suffix, item, callbacks, depth + 1)
 
 
 class NearWalks:
@@ -365,7 +343,7 @@ class NearWalks:
         """Return ``(path, object)`` for the objects of ``types`` in ``obj`` and its containers
         (not through a callback's ``.model`` link)."""
         if id(obj) not in self._walks:  # the object is kept with its walk: its id stays its own
-            self._walks[id(obj)] = (obj, list(_walk("", obj, self._callbacks, 0)))
+            self._walks[id(obj)] = (obj, list(walk("", obj, self._callbacks)))
         walked = self._walks[id(obj)][1]
         return [(path + s, o) for s, o, link in walked if not link and is_a(o, types)]
 
@@ -384,8 +362,12 @@ def instances_near(namespace: Mapping[str, Any], cls: type) -> list[tuple[str, A
         if issubclass(type(value), cls):
             found.setdefault(id(value), (name, value))
             continue
-        fn = type(value) is pytypes.FunctionType
-        for suffix, item in function_refs(value) if fn else items_of(value) or attributes(value):
+        if type(value) is pytypes.FunctionType:
+            inside = function_refs(value)
+        else:  # an instance's attributes through the C slot: no property or __getattr__ runs
+            attrs = dict.items(instance_dict(value) or {})
+            inside = items_of(value) or [(f".{key}", item) for key, item in attrs]
+        for suffix, item in inside:
             if issubclass(type(item), cls):
                 found.setdefault(id(item), (name + suffix, item))
     return list(found.values())
@@ -440,8 +422,6 @@ _SUSPENDED_PREFIX = {pytypes.GeneratorType: "gi_", pytypes.CoroutineType: "cr_"}
 _DESCRIPTORS = (staticmethod, classmethod, property)
 _NOT_READ = (pytypes.ModuleType, pytypes.CodeType, pytypes.FrameType, pytypes.TracebackType)
 _CONTAINER_TYPES = (list, tuple, dict, set, frozenset)
-_cache: OrderedDict[pytypes.CodeType, frozenset[str]] = OrderedDict()
-MAX_CACHED = 4_096
 
 
 class TooMuch(Exception):
@@ -543,12 +523,9 @@ def _stored_functions(obj: Any) -> list[Any]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def _globals_of(code: pytypes.CodeType) -> frozenset[str]:
     """Return the global names ``code`` (and the code nested in it) loads, stores or deletes."""
-    found = _cache.get(code)
-    if found is not None:
-        _cache.move_to_end(code)
-        return found
     names: set[str] = set()
     stack = [code]
     while stack:
@@ -556,10 +533,7 @@ def _globals_of(code: pytypes.CodeType) -> frozenset[str]:
         ops = dis.get_instructions(current)
         names.update(str(op.argval) for op in ops if op.opname in _GLOBAL_OPS)
         stack.extend(c for c in current.co_consts if type(c) is pytypes.CodeType)
-    found = _cache[code] = frozenset(names)
-    if len(_cache) > MAX_CACHED:
-        _cache.popitem(last=False)
-    return found
+    return frozenset(names)
 
 
 # -- the deep walks, on demand (a cleanup plan, a report) ---------------------------------------
@@ -778,18 +752,16 @@ def own_objects(obj: Any, modules: Mapping[int, str]) -> set[int]:
 
 @dataclass(frozen=True)
 class Owned:
-    """Ids of the layers, variables and other state that some roots own."""
+    """The layers (and operations) some roots own, by id, and the ids of the rest they own:
+    variables, optimizers, metrics."""
 
-    layers: frozenset[int]
-    variables: frozenset[int]
-    others: frozenset[int]  # optimizers, metrics
-    layer_objects: tuple[Any, ...] = ()
+    layers: dict[int, Any]
+    others: frozenset[int]
 
     def holds(self, obj: Any, kind: str | None) -> bool:
         """Return whether ``obj`` (model state of ``kind``) is owned: a tensor is when the
         layer that computed it is."""
-        key = id(obj)
-        if key in self.layers or key in self.variables or key in self.others:
+        if id(obj) in self.layers or id(obj) in self.others:
             return True
         op = keras_history(obj)[0] if kind == "tensor" else None
         return op is not None and id(op) in self.layers
@@ -881,15 +853,12 @@ def owned(roots: Iterable[Any], types: StateTypes) -> Owned:
                 others.add(id(optimizer))
                 others.update(id(v) for v in guarded(lambda o=optimizer: list(o.variables), []))
             others.update(id(m) for m in guarded(lambda r=root: list(r.metrics), []))
-    wrapped = bool(layers) and works(
-        "keras.variables"
-    )  # moved: said once, by compat; the outer ones alone
-    variables: set[int] = set()
+    wrapped = bool(layers) and works("keras.variables")  # moved: said once; the outer ones alone
     for layer in layers.values():
         for variable in _weights(layer):  # and the tf.Variable each Keras variable wraps, on TF
             inner = getattr(variable, "_value", None) if wrapped else None
-            variables.update({id(variable)} if inner is None else {id(variable), id(inner)})
-    return Owned(frozenset(layers), frozenset(variables), frozenset(others), tuple(layers.values()))
+            others.update({id(variable)} if inner is None else {id(variable), id(inner)})
+    return Owned(layers, frozenset(others))
 
 
 def outbound_nodes(layer: Any) -> list[Any] | None:

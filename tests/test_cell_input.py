@@ -28,7 +28,7 @@ from IPython.utils.capture import capture_output
 from jupyter_client.manager import start_new_kernel
 from shared_cells import INTERRUPT_IN_GC_CALLBACK
 
-from kerasmagic.cells.rebinding import rebound_names
+from kerasmagic.cells.rebinding import rebinding_in
 from kerasmagic.cells.run import AwaitTransformer
 from kerasmagic.magics import parse_line
 
@@ -109,7 +109,7 @@ def test_if_cell_never_loses_a_trained_model(kip: InteractiveShell) -> None:
     ],
 )
 def test_rebinding_rule(source: str, names: set[str]) -> None:
-    assert rebound_names(source) == names
+    assert rebinding_in(ast.parse(source)).names == names
 
 
 # --- B: cells run as plain cells do ---------------------------------------------------------

@@ -28,14 +28,8 @@ from kerasmagic.cleanup import CleanupReport, reset
 from kerasmagic.cleanup.holders import DeepScan, deep_scan
 from kerasmagic.live import get_monitor
 from kerasmagic.snapshot import SCHEMA_VERSION, MemorySnapshot
-from kerasmagic.views.comm import (
-    GATHER_S,
-    MAX_ID_CHARS,
-    MIN_PUSH_INTERVAL_S,
-    PROTOCOL,
-    TARGET,
-    Sidebar,
-)
+from kerasmagic.views.comm import GATHER_S, MIN_PUSH_INTERVAL_S, TARGET, Sidebar
+from kerasmagic.views.protocol import MAX_ID_CHARS, PROTOCOL
 
 
 class RecordingComm(BaseComm):

@@ -27,7 +27,8 @@ from IPython.core.interactiveshell import InteractiveShell
 from jupyter_client.session import json_packer
 
 from kerasmagic.snapshot import take_snapshot
-from kerasmagic.views.comm import PROTOCOL, TARGET
+from kerasmagic.views.comm import TARGET
+from kerasmagic.views.protocol import PROTOCOL
 
 SEED = 26_4
 HELLO = {"protocol": PROTOCOL, "type": "hello"}

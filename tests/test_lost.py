@@ -145,7 +145,7 @@ def test_a_lost_ctrl_c_dropped_again_by_a_librarys_bare_except_is_raised_again()
 
 def test_every_lost_ctrl_c_of_a_session_is_raised_at_its_point() -> None:
     """The second follow in one process gets its opcode events too (Python 3.12 gave them only
-    to the first until tracing was switched off and on: ``watch.want_opcodes``)."""
+    to the first until tracing was switched off and on: ``InterruptWatch._pend``)."""
     for _ in range(3):
         log: list[str] = []
         with pytest.raises(KeyboardInterrupt):

@@ -1,6 +1,6 @@
 """Which names a cell rebinds before it reads them, and which names it assigns at all.
 
-The rule (``rebound_names``): a name is rebound when a plain assignment (``x = ...``,
+The rule (``rebinding_in``): a name is rebound when a plain assignment (``x = ...``,
 ``a, b = ...``, ``x: T = ...``) binds it in code that runs whenever the cell runs, before any
 read of it in program order. Code that runs whenever the cell runs: the cell's top level and
 the bodies of ``with``, ``for``, ``while`` (also ``async``), ``try`` and ``finally``, up to a
@@ -27,7 +27,7 @@ import ast
 import logging
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kerasmagic.walk import GlobalReads, TooMuch
@@ -81,13 +81,14 @@ def _leaves_loop(stmt: ast.stmt) -> bool:
         return True
     if isinstance(stmt, SCOPES):
         return False
-    children: list[ast.stmt] = list(stmt.orelse) if isinstance(stmt, LOOPS) else []
-    if not isinstance(stmt, LOOPS):
-        for child in ast.iter_child_nodes(stmt):
-            if isinstance(child, ast.stmt):
-                children.append(child)
-            elif isinstance(child, (ast.ExceptHandler, ast.match_case)):
-                children.extend(child.body)
+    if isinstance(stmt, LOOPS):  # a break in its own body leaves it; its else clause is ours
+        return any(_leaves_loop(child) for child in stmt.orelse)
+    children: list[ast.stmt] = []
+    for child in ast.iter_child_nodes(stmt):
+        if isinstance(child, ast.stmt):
+            children.append(child)
+        elif isinstance(child, (ast.ExceptHandler, ast.match_case)):
+            children.extend(child.body)
     return any(_leaves_loop(child) for child in children)
 
 
@@ -132,8 +133,11 @@ class _Scan:
             self.read(*(item.context_expr for item in stmt.items))
             self.read(*(item.optional_vars for item in stmt.items))
             self.body(stmt.body, in_loop)
-        elif isinstance(stmt, LOOPS):
-            self.loop(stmt)
+        elif isinstance(stmt, LOOPS):  # a for's target binds only if its iterable is not empty
+            header = [stmt.test] if isinstance(stmt, ast.While) else [stmt.iter, stmt.target]
+            self.read(*header)
+            self.body(stmt.body, in_loop=True)
+            self.read(*stmt.orelse)
         elif isinstance(stmt, TRIES):
             self.body(stmt.body, in_loop)
             self.read(*stmt.handlers, *stmt.orelse)
@@ -141,22 +145,14 @@ class _Scan:
         else:  # conditional or other statements: their reads count, their writes do not
             self.read(stmt)
 
-    def loop(self, stmt: ast.For | ast.AsyncFor | ast.While) -> None:
-        if isinstance(stmt, ast.While):
-            self.read(stmt.test)
-        else:
-            self.read(stmt.iter, stmt.target)  # the target binds only if the iterable is not empty
-        self.body(stmt.body, in_loop=True)
-        self.read(*stmt.orelse)
-
 
 @dataclass(frozen=True)
 class Rebinding:
     """The names a cell rebinds, and what it reads before each (for ``rebound_now``)."""
 
     names: frozenset[str]
-    read_order: tuple[str, ...] = ()  # every name the cell reads, in the order first read
-    read_before: Mapping[str, int] = field(default_factory=dict)  # name -> reads before it
+    read_order: tuple[str, ...]  # every name the cell reads, in the order first read
+    read_before: Mapping[str, int]  # name -> how many of ``read_order`` it comes after
 
 
 def rebinding_in(tree: ast.Module) -> Rebinding:
@@ -176,16 +172,6 @@ def assigned_in(tree: ast.Module) -> set[str]:
     return {
         n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
     }
-
-
-def rebound_names(source: str) -> set[str]:
-    """Return the names of ``rebinding_in`` the parsed source; code that does not parse rebinds
-    nothing."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return set()
-    return set(rebinding_in(tree).names)
 
 
 def rebound_now(ns: Mapping[str, Any], rebinding: Rebinding) -> frozenset[str]:

@@ -2,10 +2,10 @@
 
 The same cleanup runs before a ``%%fresh_model`` cell, from the sidebar's "Free memory" button,
 and from plain Python (``kerasmagic.reset()`` / ``with kerasmagic.fresh():``) in search loops.
-``holders.py``'s plan decides what is stale and how to cut it; here the cleanup runs step by
-step (each step a named function of one ``Run``, in ``STEPS`` order) and says what it did
-(``CleanupReport``). There is one garbage collection (``collect``), and a second only when
-something that should have gone survived the first (``survivors``).
+``holders.py``'s plan decides what is stale and how to cut it; here ``run_steps`` runs the
+cleanup step by step (each named and timed) and says what it did (``CleanupReport``). There is
+one garbage collection (``collect``), and a second only when something that should have gone
+survived the first (``survivors``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import sys
 import textwrap
 import time
 import weakref
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kerasmagic import backends
@@ -59,33 +59,26 @@ def reset(
         user_shell = holders.ipython_shell() if shell is None and namespace is None else shell
         check_now(user_shell)  # what is off in the frameworks imported now, said once
         ns = namespace if namespace is not None else getattr(user_shell, "user_ns", {})
-        plan = holders.plan_cleanup(
-            ns, rebinding=rebinding, keep=keep, drop_all=drop_all, shell=user_shell
+        report = run_steps(  # no local here holds the plan: run_steps lets it go in time
+            holders.plan_cleanup(
+                ns, rebinding=rebinding, keep=keep, drop_all=drop_all, shell=user_shell
+            ),
+            patch_stack_traces,
+            start,
+            dry_run,
         )
-        dropped = tuple(d for d, _ in plan.actions if d and not d.startswith("displayhook."))
-        kept = tuple(path for path, _ in plan.kept.values())
-        if dry_run:
-            elapsed = time.perf_counter() - start
-            report = CleanupReport(dropped, kept, (), 0, None, None, (), elapsed, dry_run=True)
-        else:
-            run = Run(ns, user_shell, plan, patch_stack_traces, dropped, plan.models())
-            del plan  # the run owns it now, and lets it go before collecting
-            report = run_steps(run, kept, start)
     held.deliver()
-    if not report.dry_run:
-        _remember(report, shell)
-    return report
-
-
-_outside: list[CleanupReport] = []  # outside IPython (a script): the last report, if any
-
-
-def _remember(report: CleanupReport, shell: Any | None) -> None:
+    if report.dry_run:
+        return report
     state = state_of(shell) if shell is not None else current()
     if state is not None:
         state.last_report = report
     else:
         _outside[:] = [report]
+    return report
+
+
+_outside: list[CleanupReport] = []  # outside IPython (a script): the last report, if any
 
 
 def last_report(shell: Any | None = None) -> CleanupReport | None:
@@ -209,115 +202,77 @@ def report_text(
 
 def _split(what: str, net: int, cleanup: int) -> str:
     """``RSS +1.0 MB (cleanup -2.0 MB, the cell +3.0 MB)``: the parts add up to the net."""
-    return f"{what} {_delta(net)} (cleanup {_delta(cleanup)}, the cell {_delta(net - cleanup)})"
-
-
-def _delta(n: int) -> str:
-    """A change as the badge writes it: signed, and no sign on nothing (``0 B``)."""
-    return signed_bytes(n) if n else "0 B"
+    parts = (signed_bytes(n) for n in (net, cleanup, net - cleanup))
+    return "{} {} (cleanup {}, the cell {})".format(what, *parts)
 
 
 # The steps, in order: the order matters where the comments say.
 
 
-@dataclass
-class Run:
-    """One cleanup as its steps see it: what the plan found, what was done, what it said."""
+def run_steps(plan: holders.Plan, patch: bool, start: float, dry_run: bool) -> CleanupReport:
+    """Run the plan's steps in order, each timed by its name in ``CleanupReport.steps``."""
+    ns, shell = plan.ns, plan.shell
+    dropped = tuple(d for d, _ in plan.actions if d and not d.startswith("displayhook."))
+    kept = tuple(path for path, _ in plan.kept.values())
+    if dry_run:
+        elapsed = time.perf_counter() - start
+        return CleanupReport(dropped, kept, (), 0, None, None, (), elapsed, dry_run=True)
+    stale_models = sum(plan.types.kind(type(obj)) == "model" for _, obj in plan.stale.values())
+    rss_before, held_before = read_ram().rss_bytes, backends.allocated()
+    timings: list[tuple[str, float]] = []
+    began = time.perf_counter()
 
-    ns: MutableMapping[str, Any]
-    shell: Any | None
-    plan: holders.Plan | None
-    patch_stack_traces: bool
-    dropped: tuple[str, ...]
-    stale_models: int
-    watched: list[tuple[str, weakref.ref[Any]]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    released: list[str] = field(default_factory=list)  # backends' words ("purged 2 ...")
-    not_freed: tuple[str, ...] = ()
-    rss_before: int = 0
-    held_before: dict[str, int] = field(default_factory=dict)  # each allocator, by backend
-    timings: list[tuple[str, float]] = field(default_factory=list)
+    def done(step: str) -> None:
+        nonlocal began
+        now = time.perf_counter()
+        timings.append((step, now - began))
+        began = now
 
-
-def cut(run: Run) -> None:
-    """Cut what the plan found: names, container items, Out[], stored frames, links."""
-    assert run.plan is not None
-    run.watched = _weak(run.plan.stale.values())
-    run.notes += dict.fromkeys(run.plan.notes)
-    _cut(run.plan.actions)  # in a function: a loop variable here would keep the last closure
-    for unlink in run.plan.unlinks:
-        unlink()
-
-
-def clear_traces(run: Run) -> None:
-    """Before the collection: drop the tf.function traces of what was cut (their graphs hold
-    the variables); traces of what is kept stay."""
-    assert run.plan is not None
-    stale = [obj for _, obj in run.plan.stale.values()]
-    run.notes += backends.clear_traces(run.ns, stale, run.plan.roots)
-    run.plan = None  # the plan holds the stale objects: let them go before collecting
-
-
-def reset_backends(run: Run) -> None:
-    """Keras's global state (names, graphs; its user settings kept), then each backend's
-    caches (TF's default graph and string traces, JAX's compilations, torch.compile's)."""
-    reset_backend()
-    if run.patch_stack_traces:  # TF's op stack traces (TensorFlow imported since the load)
-        run.notes += backends.attach()
-
-
-def collect(run: Run) -> None:
-    """The one collection, each backend's work around it (TF's gradient registry purged)."""
+    # cut: names, container items, Out[], stored frames, links
+    watched = _weak(plan.stale.values())
+    notes = list(dict.fromkeys(plan.notes))
+    _cut([*(act for _, act in plan.actions), *plan.unlinks])
+    done("cut")
+    # Before the collection: drop the tf.function traces of what was cut (their graphs hold
+    # the variables); traces of what is kept stay.
+    notes += backends.clear_traces(ns, [obj for _, obj in plan.stale.values()], plan.roots)
+    del plan  # it holds the stale objects: they go before the collection
+    done("clear_traces")
+    reset_backend()  # Keras's global state (user settings kept), then each backend's caches
+    if patch:  # TF's op stack traces (TensorFlow imported since the load)
+        notes += backends.attach()
+    done("reset_backends")
     Freezer.thaw()  # a loop froze the old objects: a cleanup looks at everything
-    run.released += backends.collect_active()
-
-
-def survivors(run: Run) -> None:
-    """Name what should have gone and did not, and what holds it; a stored error that holds
-    it goes too (its frames keep the functions they ran), then one more collection."""
-    run.not_freed = _survivors(run.watched, run.ns)
-    by_error = any(label.startswith("sys.last") for label in run.dropped)
-    if run.not_freed and by_error and holders.drop_stored_errors(run.shell):
-        run.notes.append("dropped the stored error too: it held a model (%tb has nothing to show)")
-        run.released += backends.collect_active()
-        run.not_freed = _survivors(run.watched, run.ns)
-
-
-def release_backends(run: Run) -> None:
-    """After the collection: cached device blocks no tensor uses go back to the driver."""
-    backends.release_active()
-
-
-def trim_heap(run: Run) -> None:
-    """glibc's freed heap back to the operating system."""
+    released = backends.collect_active()  # the one collection (TF's gradient registry purged)
+    done("collect")
+    # What should have gone and did not, and what holds it; a stored error that holds it goes
+    # too (its frames keep the functions they ran), then one more collection.
+    not_freed = _survivors(watched, ns)
+    by_error = any(label.startswith("sys.last") for label in dropped)
+    if not_freed and by_error and holders.drop_stored_errors(shell):
+        notes.append("dropped the stored error too: it held a model (%tb has nothing to show)")
+        released += backends.collect_active()
+        not_freed = _survivors(watched, ns)
+    done("survivors")
+    backends.release_active()  # cached device blocks no tensor uses go back to the driver
+    done("release_backends")
     malloc_trim()
-
-
-STEPS = (cut, clear_traces, reset_backends, collect, survivors, release_backends, trim_heap)
-
-
-def run_steps(run: Run, kept: tuple[str, ...], start: float) -> CleanupReport:
-    """Run every step in order, timing each; return what was done."""
-    run.rss_before, run.held_before = read_ram().rss_bytes, backends.allocated()
-    for step in STEPS:
-        began = time.perf_counter()
-        step(run)
-        run.timings.append((step.__name__, time.perf_counter() - began))
+    done("trim_heap")
     after = backends.allocated()
-    freed = {name: held - after[name] for name, held in run.held_before.items() if name in after}
+    freed = {name: held - after[name] for name, held in held_before.items() if name in after}
     allocator, allocator_freed = next(iter(freed.items()), (None, None))
     return CleanupReport(
-        dropped=run.dropped,
+        dropped=dropped,
         kept=kept,
-        not_freed=run.not_freed,
-        freed_bytes=run.rss_before - read_ram().rss_bytes,
+        not_freed=not_freed,
+        freed_bytes=rss_before - read_ram().rss_bytes,
         allocator_freed_bytes=allocator_freed,
         allocator_backend=allocator,
-        released=tuple(run.released),
+        released=tuple(released),
         elapsed_s=time.perf_counter() - start,
-        notes=tuple(run.notes),
-        stale_models=run.stale_models,
-        steps=tuple(run.timings),
+        notes=tuple(notes),
+        stale_models=stale_models,
+        steps=tuple(timings),
     )
 
 
@@ -329,14 +284,16 @@ def _weak(found: Iterable[tuple[str, Any]]) -> list[tuple[str, weakref.ref[Any]]
     return out
 
 
-def _cut(actions: list[holders.Action]) -> None:
-    for _, act in actions:
+def _cut(cuts: list[Callable[[], object]]) -> None:
+    """Make each cut (in a function: a loop variable would keep the last one's objects)."""
+    for act in cuts:
         act()
 
 
 def _survivors(
     watched: list[tuple[str, weakref.ref[Any]]], ns: MutableMapping[str, Any]
 ) -> tuple[str, ...]:
+    """Name what was watched and survived, with what holds it."""
     if not any(ref() is not None for _, ref in watched):
         return ()
     gc.collect()  # objects freed by the first pass can release others (finalizers, weakrefs)
@@ -346,7 +303,10 @@ def _survivors(
     paths = holders.holder_paths(ns, [obj for _, obj in alive])
     out = []
     for path, obj in alive:
-        held = paths.get(id(obj)) or _referrers(obj, alive)
+        try:
+            held = paths.get(id(obj)) or holders.referrer_kinds(obj, (alive, *alive))
+        except Exception:  # an odd object among the referrers: the report still comes
+            held = ["something kerasmagic could not look into"]
         out.append(f"{path} (held by {', '.join(held)})")
     return tuple(out)
 
@@ -358,13 +318,6 @@ def _weighs(obj: Any) -> bool:
         return False
     kind = state_types().kind(type(obj))
     return kind in (None, "model") or held_by(obj, kind).size_bytes > 0
-
-
-def _referrers(obj: Any, alive: list[tuple[str, Any]]) -> list[str]:
-    try:
-        return holders.referrer_kinds(obj, (alive, *alive))
-    except Exception:  # an odd object among the referrers: the report still comes
-        return ["something kerasmagic could not look into"]
 
 
 # Keras's global state, reset with its user settings kept.
@@ -393,20 +346,7 @@ def _keras_settings() -> dict[str, Any]:
     except Exception as exc:
         broken("keras.global_state", f"changed get_global_attribute ({type(exc).__name__})")
         return {}
-    saved = {name: value for name, value in values.items() if value is not None}
-    if "dtype_policy" not in saved and _public_policy() not in (None, "float32"):
-        broken("keras.global_state", "keeps the dtype policy elsewhere than 'dtype_policy'")
-    return saved
-
-
-def _public_policy() -> str | None:
-    """Return the global dtype policy's name through Keras's public API, or None."""
-    config = getattr(sys.modules.get("keras"), "config", None)
-    read = getattr(config, "dtype_policy", None)
-    try:
-        return None if read is None else str(read().name)
-    except Exception:  # a Keras without it: nothing to compare with
-        return None
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def _restore_keras_settings(saved: dict[str, Any]) -> None:
@@ -420,10 +360,9 @@ def _restore_keras_settings(saved: dict[str, Any]) -> None:
         broken("keras.global_state", f"changed set_global_attribute ({type(exc).__name__})")
 
 
-def reset_backend() -> list[str]:
+def reset_backend() -> None:
     """Reset Keras's global state (names, graphs, kernel caches), keep its user settings, then
     each backend in use (TF's default graph, JAX's compilation caches, torch's caches)."""
-    done = []
     saved = _keras_settings()
     for name in ("keras", "tf_keras"):
         backend = getattr(sys.modules.get(name), "backend", None)
@@ -434,10 +373,8 @@ def reset_backend() -> list[str]:
             clear(free_memory=False)
         except TypeError:  # tf-keras has no free_memory argument
             clear()
-        done.append(name)
     _restore_keras_settings(saved)
-    done.extend(backends.reset_active())  # TF's default graph, JAX's jit caches, torch's
-    return done
+    backends.reset_active()  # TF's default graph, JAX's jit caches, torch's
 
 
 # -- glibc's heap -------------------------------------------------------------------------------

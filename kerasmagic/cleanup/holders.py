@@ -72,10 +72,6 @@ class Plan:
             self._owned = state.owned(self.roots, self.types)
         return self._owned
 
-    def models(self) -> int:
-        """Return how many stale objects are models."""
-        return sum(1 for _, o in self.stale.values() if self.types.kind(type(o)) == "model")
-
     def stale_of(self, found: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
         """Keep the state of ``found`` that nothing kept holds: only that is worth a cut."""
         return [(path, obj) for path, obj in found if not self.keeps(obj)]
@@ -202,8 +198,8 @@ def _unlink_from_kept_layers(plan: Plan) -> None:
     if not plan.roots:
         return
     kept = plan.owned_by_kept().layers
-    cut: dict[int, tuple[list[Any], list[Any]]] = {}
-    for layer in plan.owned_by_kept().layer_objects:
+    cut: list[tuple[list[Any], list[Any]]] = []  # each kept layer's nodes, and the stale ones
+    for layer in kept.values():
         module = type(layer).__module__ or ""
         reach = f"{'tf_keras' if module.startswith('tf_keras') else 'keras'}.outbound_nodes"
         if not works(reach):  # moved: said once, by compat
@@ -217,18 +213,16 @@ def _unlink_from_kept_layers(plan: Plan) -> None:
         if any(op is None for op in ops):  # a node whose operation cannot be read: cut nothing
             broken(reach, "moved Node.operation")
             continue
-        stale = [n for n, op in zip(nodes, ops, strict=True) if not _kept(plan, op, kept)]
+        stale = [
+            n for n, op in zip(nodes, ops, strict=True) if id(op) not in kept and not plan.keeps(op)
+        ]
         if stale:
-            cut[id(nodes)] = (nodes, stale)
+            cut.append((nodes, stale))
     if cut:
-        count = sum(len(stale) for _, stale in cut.values())
+        count = sum(len(stale) for _, stale in cut)
         calls = "a layer" if count == 1 else f"{count} layers"
         plan.notes.append(f"unlinked {calls} no kept model uses from the graphs of kept models")
-        plan.unlinks.append(functools.partial(_remove_nodes, list(cut.values())))
-
-
-def _kept(plan: Plan, op: Any, kept: frozenset[int]) -> bool:
-    return id(op) in kept or plan.keeps(op)
+        plan.unlinks.append(functools.partial(_remove_nodes, cut))
 
 
 def _remove_nodes(found: list[tuple[list[Any], list[Any]]]) -> None:
@@ -438,7 +432,7 @@ def holder_paths(namespace: Mapping[str, Any], models: list[Any]) -> dict[int, l
     for label, tb in stored_tracebacks():
         roots += frame_locals(label, tb, namespace)
     for root, value in roots:
-        for path, obj in state.walk(root, value, cbs):
+        for path, obj, _ in state.walk(root, value, cbs):
             paths.setdefault(id(obj), []).append(path)
     missing = {id(m) for m in models if id(m) not in paths}
     if missing:  # held deeper than the near walk looks: search from every name
@@ -596,7 +590,7 @@ def _loose_state(
     types = state.state_types()
     found: dict[int, tuple[Any, str]] = {}
     for name in state.scan_order(namespace):
-        for _, obj in state.walk(name, namespace.get(name), ()):
+        for _, obj, _ in state.walk(name, namespace.get(name), ()):
             kind = types.kind(type(obj))
             if kind in LOOSE_KINDS and id(obj) not in found:
                 found[id(obj)] = (obj, kind)

@@ -35,12 +35,12 @@ from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.shellstate import ShellState
 
 log = logging.getLogger(__name__)
-# (module, class) whose ``build`` starts every new model's training, Keras 3 and tf-keras.
+# (module, class, compat's name) whose ``build`` starts every new model's training, Keras 3
+# and tf-keras.
 OPTIMIZERS = (
-    ("keras.src.optimizers.base_optimizer", "BaseOptimizer"),
-    ("tf_keras.src.optimizers.optimizer", "_BaseOptimizer"),
+    ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "keras.optimizer_build"),
+    ("tf_keras.src.optimizers.optimizer", "_BaseOptimizer", "tf_keras.optimizer_build"),
 )
-REACHES = ("keras.optimizer_build", "tf_keras.optimizer_build")  # compat's names, in order
 _MARK = "__kerasmagic_between_models__"
 # Python 3.12 starts with some of its own objects frozen (375 on 3.12.1; none on 3.11 and
 # 3.13); a user's gc.freeze() of a session freezes tens of thousands. Read when the extension
@@ -90,7 +90,7 @@ class LoopGuard:
         if len(self.patched) == len(OPTIMIZERS) or self.removed:
             return
         with self._lock:
-            for (module, name), reach in zip(OPTIMIZERS, REACHES, strict=True):
+            for module, name, reach in OPTIMIZERS:
                 if self.removed or (module in sys.modules and not works(reach)):
                     continue  # uninstalled, or moved: said once, by compat
                 cls = getattr(sys.modules.get(module), name, None)
@@ -161,7 +161,7 @@ def load(state: ShellState) -> Hooks:
     guard.install()
     shell.events.register("pre_run_cell", before)
     shell.events.register("post_run_cell", after)
-    hook = AfterImport([module for module, _ in OPTIMIZERS], guard.install)
+    hook = AfterImport([module for module, _, _ in OPTIMIZERS], guard.install)
     hook.install()  # last: nothing after it can fail and leave it in sys.meta_path
     return guard, before, after, hook.uninstall
 

@@ -108,7 +108,7 @@ def missing_sidebar(shell: Any, paths: list[str] | None = None) -> str | None:
     """Return the line for a kernel a JupyterLab could show the sidebar in, if the sidebar is
     on none of ``paths`` (default: Jupyter's labextension folders)."""
     if getattr(shell, "kernel", None) is None or hosted():
-        return None
+        return None  # no frontend, or Colab's or Kaggle's (no JupyterLab there)
     if importlib.util.find_spec("jupyterlab") is None:
         return None
     paths = extension_paths() if paths is None else paths
@@ -121,18 +121,21 @@ _watching: list[Any] = []  # the post-import hook, while some shell has the exte
 
 def notes_at_load(shell: Any) -> list[str]:
     """Return the lines ``%load_ext`` says about this environment."""
-    lines = [old.line for old in too_old(frameworks=True)]
-    lines += [found.line for found in registry.check(shell)]
     sidebar = missing_sidebar(shell)
-    return [*lines, sidebar] if sidebar is not None else lines
+    return _found(shell) + ([sidebar] if sidebar is not None else [])
+
+
+def _found(shell: Any, finished: frozenset[str] = frozenset()) -> list[str]:
+    """Return the lines for the libraries too old and the reaches newly found off."""
+    lines = [old.line for old in too_old(frameworks=True)]
+    return lines + [found.line for found in registry.check(shell, finished=finished)]
 
 
 def check_now(shell: Any = None, finished: frozenset[str] = frozenset()) -> None:
     """Probe what was imported since the last check and say what is off (``reset()`` outside
     IPython, ``%gpu_mem``, and the post-import hook, for which ``finished`` frameworks are
     done importing although importlib still marks them as importing)."""
-    say_once([old.line for old in too_old(frameworks=True)])
-    say_once([found.line for found in registry.check(shell, finished=finished)])
+    say_once(_found(shell, finished))
 
 
 def watch() -> None:
@@ -141,14 +144,11 @@ def watch() -> None:
     if not _watching:
         from kerasmagic.imports import AfterImport
 
-        hook = AfterImport(FRAMEWORKS, _just_imported, named=True)
+        hook = AfterImport(
+            FRAMEWORKS, lambda name: check_now(finished=frozenset({name})), named=True
+        )
         hook.install()
         _watching.append(hook)
-
-
-def _just_imported(name: str) -> None:
-    """A framework's code has just run: check what it holds now (``name`` counts as done)."""
-    check_now(finished=frozenset({name}))
 
 
 def unwatch() -> None:

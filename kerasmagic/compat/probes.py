@@ -9,20 +9,21 @@ import ctypes
 import functools
 import inspect
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 
 def module(name: str) -> Any:
+    """Return the imported module ``name`` (a probe runs once it is imported)."""
     return sys.modules[name]
 
 
-def sets(function: Any, *names: str) -> str | None:
+def uses(function: Any, *names: str) -> str | None:
     """Return None if ``function``'s code (unwrapped) names every one of ``names``."""
     code = getattr(inspect.unwrap(function), "__code__", None)
     found = set(code.co_names) if code is not None else set()
     missing = [n for n in names if n not in found]
-    return None if not missing else f"no longer sets {', '.join(missing)}"
+    return None if not missing else f"no longer uses {', '.join(missing)}"
 
 
 def has(obj: Any, path: str, *names: str, call: bool = False) -> str | None:
@@ -41,16 +42,6 @@ def params(function: Any, path: str, *names: str) -> str | None:
         return f"changed {path}'s signature"
     missing = [n for n in names if n not in found]
     return None if not missing else f"changed {path}'s arguments (no {', '.join(missing)})"
-
-
-def first(*checks: Callable[[], str | None]) -> str | None:
-    """Return the first check's finding that is not None (each runs only if the ones before
-    passed, so a later one may rely on what an earlier one found)."""
-    for check in checks:
-        found = check()
-        if found is not None:
-            return found
-    return None
 
 
 OPS = "tensorflow.python.framework.ops"
@@ -80,10 +71,10 @@ def graph_class(_: Any) -> str | None:
 
 def context(_: Any) -> str | None:
     context = module(CONTEXT).context()
-    return first(
-        lambda: has(context, "context()", "list_function_names", "list_logical_devices"),
-        lambda: None if hasattr(context, "_context_handle") else "moved context()._context_handle",
-    )
+    found = has(context, "context()", "list_function_names", "list_logical_devices")
+    if found is None and not hasattr(context, "_context_handle"):
+        return "moved context()._context_handle"
+    return found
 
 
 def op_seeds(_: Any) -> str | None:
@@ -108,13 +99,12 @@ def traces(_: Any) -> str | None:
     cache: Any = getattr(sys.modules.get(CACHE), "FunctionCache", None)
     if not isinstance(function, type) or not isinstance(cache, type):
         return "moved Function or FunctionCache"
-    return first(
-        lambda: has(function, "Function", "_list_all_concrete_functions", call=True),
-        lambda: sets(vars(function).get("__init__"), "_variable_creation_config", "_lock"),
-        lambda: params(
-            getattr(cache, "delete", None), "FunctionCache.delete", "function_type", "context"
-        ),
-        lambda: sets(vars(cache).get("__init__"), "_primary"),
+    delete = getattr(cache, "delete", None)
+    return (
+        traced_graphs(None)
+        or uses(vars(function).get("__init__"), "_variable_creation_config", "_lock")
+        or params(delete, "FunctionCache.delete", "function_type", "context")
+        or uses(vars(cache).get("__init__"), "_primary")
     )
 
 
@@ -126,12 +116,10 @@ def first_call(_: Any) -> str | None:
 
 def stack(_: Any) -> str | None:
     tf_stack = module(STACK)
-    native = getattr(tf_stack, "_tf_stack", None)
-    return first(
-        lambda: has(tf_stack, "tf_stack", "extract_stack", "_source_mapper_stacks"),
-        lambda: has(tf_stack, "tf_stack", "_source_filter_stacks"),
-        lambda: has(native, "_tf_stack", "LoadTracesFromDebugInfo", call=True),
-        lambda: sets(module(OPS)._create_c_op, "tf_stack", "extract_stack"),
+    return (
+        has(tf_stack, "tf_stack", "extract_stack", "_source_mapper_stacks", "_source_filter_stacks")
+        or debug_info(None)
+        or uses(module(OPS)._create_c_op, "tf_stack", "extract_stack")
     )
 
 
@@ -149,10 +137,8 @@ def traced_graphs(_: Any) -> str | None:
 # -- Keras 3 -----------------------------------------------------------------------------------
 def global_state(_: Any) -> str | None:
     state = module(STATE)
-    return first(
-        lambda: has(state, "global_state", "get_global_attribute", "set_global_attribute"),
-        lambda: params(state.get_global_attribute, "get_global_attribute", "name", "default"),
-    )
+    found = has(state, "global_state", "get_global_attribute", "set_global_attribute")
+    return found or params(state.get_global_attribute, "get_global_attribute", "name", "default")
 
 
 def name_uids(_: Any) -> str | None:
@@ -173,10 +159,10 @@ def flatten(_: Any) -> str | None:
 def outbound(_: Any) -> str | None:
     operation = module("keras.src.ops.operation").Operation
     node = getattr(sys.modules.get("keras.src.ops.node"), "Node", None)
-    return first(
-        lambda: sets(operation.__init__, "_outbound_nodes", "_inbound_nodes"),
-        lambda: sets(node.__init__, "operation") if node else "moved ops.node.Node",
-    )
+    if node is None:
+        return "moved ops.node.Node"
+    found = uses(operation.__init__, "_outbound_nodes", "_inbound_nodes")
+    return found or uses(node.__init__, "operation")
 
 
 def history(_: Any) -> str | None:
@@ -184,7 +170,7 @@ def history(_: Any) -> str | None:
     fields = getattr(getattr(node, "KerasHistory", None), "_fields", ())
     if tuple(fields[:2]) != ("operation", "node_index"):
         return "changed KerasHistory"
-    return sets(node.Node.__init__, "_keras_history")
+    return uses(node.Node.__init__, "_keras_history")
 
 
 def callback(_: Any) -> str | None:
@@ -212,7 +198,7 @@ def backend_name(_: Any) -> str | None:
 
 def sequential(_: Any) -> str | None:
     sequential = module("keras.src.models.sequential").Sequential
-    return sets(getattr(sequential, "_maybe_rebuild", None), "_functional")
+    return uses(getattr(sequential, "_maybe_rebuild", None), "_functional")
 
 
 def trainer(_: Any) -> str | None:
@@ -231,7 +217,7 @@ def tf_keras_outbound(_: Any) -> str | None:
     layer = module("tf_keras.src.engine.base_layer").Layer
     if not isinstance(vars(layer).get("_outbound_nodes"), property):
         return "moved Layer._outbound_nodes"
-    return sets(layer.__init__, "_outbound_nodes_value")
+    return uses(layer.__init__, "_outbound_nodes_value")
 
 
 def tf_keras_build(_: Any) -> str | None:
@@ -269,10 +255,7 @@ def cell_names(shell: Any) -> str | None:
 
 def render_hook(shell: Any) -> str | None:
     """IPython shows an exception whose ``_render_traceback_`` it finds as that method says."""
-    showtraceback = inspect.unwrap(type(shell).showtraceback)
-    code = getattr(showtraceback, "__code__", None)
-    names = set(code.co_names) if code is not None else set()
-    return None if "_render_traceback_" in names else "no longer calls _render_traceback_"
+    return uses(type(shell).showtraceback, "_render_traceback_")
 
 
 def run_code(shell: Any) -> str | None:
@@ -330,20 +313,21 @@ def handler_hooks(shell: Any) -> str | None:
 
 
 def io_loop(shell: Any) -> str | None:
-    loop = getattr(getattr(shell, "kernel", None), "io_loop", None)
-    if getattr(shell, "kernel", None) is None:
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
         return None
-    return has(loop, "kernel.io_loop", "add_callback", "call_later", call=True)
+    return has(
+        getattr(kernel, "io_loop", None), "kernel.io_loop", "add_callback", "call_later", call=True
+    )
 
 
 def comm_manager(shell: Any) -> str | None:
     manager = find_comm_manager(shell)
     if manager is None:
         return None  # no kernel and no comm package: no frontend to open a sidebar
-    return first(
-        lambda: has(manager, "comm manager", "register_target", "unregister_target", call=True),
-        lambda: None if isinstance(getattr(manager, "targets", None), dict) else "moved .targets",
-    )
+    if not isinstance(getattr(manager, "targets", None), dict):
+        return "moved .targets"
+    return has(manager, "comm manager", "register_target", "unregister_target", call=True)
 
 
 def widget_messages(_: Any) -> str | None:
@@ -353,10 +337,8 @@ def widget_messages(_: Any) -> str | None:
 
 # -- CPython and glibc -------------------------------------------------------------------------
 def mallopt(_: Any) -> str | None:
-    libc = find_libc()
-    if libc is None or not sys.platform.startswith("linux"):
-        return None  # not Linux: nothing to pin, said by %load_ext's own line if asked
-    return None if hasattr(libc, "mallopt") else "has no mallopt (not glibc)"
+    libc = find_libc()  # None where not Linux: nothing to pin
+    return None if libc is None or hasattr(libc, "mallopt") else "has no mallopt (not glibc)"
 
 
 def bytecode(_: Any) -> str | None:
@@ -374,7 +356,7 @@ def signal_module(_: Any) -> str | None:
 
 def module_spec(_: Any) -> str | None:
     bootstrap = getattr(module("importlib"), "_bootstrap", None)
-    return sets(getattr(bootstrap, "_load_unlocked", None), "_initializing")
+    return uses(getattr(bootstrap, "_load_unlocked", None), "_initializing")
 
 
 def referrers(_: Any) -> str | None:

@@ -45,12 +45,12 @@ import functools
 import logging
 import sys
 import threading
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any
 
 from kerasmagic.backends import NAMES, attempt, get
 from kerasmagic.compat.registry import works
-from kerasmagic.interrupts.held import CellStopper, holds, interrupt_finished_cell, shown_plain
+from kerasmagic.interrupts.held import CellStopper, Recorder, interrupt_finished_cell, shown_plain
 from kerasmagic.interrupts.watch import InterruptWatch, frames_checked
 from kerasmagic.shellstate import ShellState
 
@@ -62,36 +62,25 @@ NEEDS = (  # the reaches the kernel guard needs: one moved, and Ctrl-C is left t
     "cpython.signal",
     "cpython.frames",
 )
+HOOKS = ("pre_handler_hook", "post_handler_hook")
 
 
-class KernelGuard:
+class KernelGuard(Recorder):
     """Records SIGINT outside a cell's code during one kernel's execute requests."""
 
     def __init__(self, shell: Any, kernel: Any) -> None:
         self._shell = shell
         self._kernel = kernel
-        self.pending = False  # a Ctrl-C was recorded and not yet given to the cell
         self._guarding = False  # an execute request of the main shell is being handled
         self._opener = CellStopper(shell, self.open)  # the cell's code is about to run
-        self._cell_code: set[CodeType] = set()
-        owners = (type(shell), *type(shell).__mro__) if works("ipython.run_code", shell) else ()
-        for owner in owners:  # none where run_code moved: said once, by compat
-            code = getattr(getattr(owner, "run_code", None), "__code__", None)
-            if code is not None:
-                self._cell_code.add(code)
+        owners = type(shell).__mro__ if works("ipython.run_code", shell) else ()
+        codes = (getattr(getattr(owner, "run_code", None), "__code__", None) for owner in owners)
+        self._cell_code = {code for code in codes if code is not None}  # none where it moved
         self._watch = InterruptWatch(self._cell_code, enabled=frames_checked())
 
-    def install(self) -> None:
-        """Take over the kernel's handler hooks and put the opener and callbacks in place."""
-        self._kernel.pre_handler_hook = self.pre_handler_hook
-        self._kernel.post_handler_hook = self.post_handler_hook
-        self._shell.ast_transformers.insert(0, self._opener)
-        self._shell.events.callbacks["post_execute"].insert(0, self.close)
-        self._shell.events.register("post_run_cell", self.post_run_cell)
-
     def uninstall(self) -> None:
-        """Give the kernel its own hooks back and remove everything ``install`` added."""
-        for name in ("pre_handler_hook", "post_handler_hook"):
+        """Give the kernel its own hooks back and remove everything ``load`` added."""
+        for name in HOOKS:
             if vars(self._kernel).get(name) == getattr(self, name):
                 delattr(self._kernel, name)
         if self._opener in self._shell.ast_transformers:
@@ -115,7 +104,11 @@ class KernelGuard:
         if threading.current_thread() is not threading.main_thread():
             return
         kernel = self._kernel
-        if self._is_execute():
+        try:
+            header = kernel.get_parent("shell").get("header", {})
+        except Exception:  # an ipykernel without per-channel parents: leave it alone
+            header = {}
+        if header.get("msg_type") == "execute_request":
             self.pending = False
             self._guarding = True
             # ipykernel's own hook, with the recorder where it puts Python's default handler.
@@ -147,15 +140,15 @@ class KernelGuard:
         that handled it: a subshell's, while the cell runs, where the cell is not over (and
         ``signal.signal`` raises).
         """
-        if threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() is not threading.main_thread() or not self._guarding:
             return
-        if not self._guarding or _signal.getsignal(_signal.SIGINT) != self.interrupt:
-            if self._guarding:
-                self._watch.disarm()  # the cell put its own handler in: follow nothing further
-            return
-        if _inside(sys._getframe(1), self._cell_code):
-            return  # a run_cell nested in a cell: the cell itself is still running
-        _signal.signal(_signal.SIGINT, self._record)
+        if _signal.getsignal(_signal.SIGINT) == self.interrupt:  # else the cell put its own in
+            frame: FrameType | None = sys._getframe(1)
+            while frame is not None and frame.f_code not in self._cell_code:
+                frame = frame.f_back
+            if frame is not None:
+                return  # a run_cell nested in a cell: the cell itself is still running
+            _signal.signal(_signal.SIGINT, self._record)
         self._watch.disarm()
 
     def post_run_cell(self, result: Any) -> None:
@@ -171,36 +164,28 @@ class KernelGuard:
         self._watch.arm(frame if frame is not None else sys._getframe(1), error)
         raise error
 
-    @holds
-    def _record(self, signum: int, frame: FrameType | None) -> None:
-        self.pending = True
-
-    def _is_execute(self) -> bool:
-        try:
-            header = self._kernel.get_parent("shell").get("header", {})
-        except Exception:  # an ipykernel without per-channel parents: leave it alone
-            return False
-        return bool(header.get("msg_type") == "execute_request")
-
     @classmethod
     def load(cls, state: ShellState) -> KernelGuard | None:
         """The ``kernelguard`` part: guard the shell's kernel, when it is an ipykernel whose
-        handler hooks are its own."""
+        handler hooks are its own; put the opener and callbacks in place."""
         shell = state.shell
         kernel = getattr(shell, "kernel", None)
         kernelbase = sys.modules.get("ipykernel.kernelbase")
         if kernel is None or kernelbase is None or not all(works(r, shell) for r in NEEDS):
             return None  # one moved: said once, by compat
         base = kernelbase.Kernel
-        kind = type(kernel)
-        if not isinstance(kernel, base) or (
-            getattr(kind, "pre_handler_hook", None) is not base.pre_handler_hook
-            or getattr(kind, "post_handler_hook", None) is not base.post_handler_hook
+        if not isinstance(kernel, base) or any(
+            getattr(type(kernel), hook, None) is not getattr(base, hook) for hook in HOOKS
         ):
-            log.debug("kerasmagic: %s has its own handler hooks; Ctrl-C left to it", kind.__name__)
+            kind = type(kernel).__name__
+            log.debug("kerasmagic: %s has its own handler hooks; Ctrl-C left to it", kind)
             return None
         guard = cls(shell, kernel)
-        guard.install()
+        kernel.pre_handler_hook = guard.pre_handler_hook
+        kernel.post_handler_hook = guard.post_handler_hook
+        shell.ast_transformers.insert(0, guard._opener)
+        shell.events.callbacks["post_execute"].insert(0, guard.close)
+        shell.events.register("post_run_cell", guard.post_run_cell)
         return guard
 
     @staticmethod
@@ -208,15 +193,6 @@ class KernelGuard:
         """Remove the guard, if there was one."""
         if guard is not None:
             guard.uninstall()
-
-
-def _inside(frame: FrameType | None, codes: set[CodeType]) -> bool:
-    """Return whether ``frame`` or one of its callers runs one of ``codes``."""
-    while frame is not None:
-        if frame.f_code in codes:
-            return True
-        frame = frame.f_back
-    return False
 
 
 class ModeGuard:

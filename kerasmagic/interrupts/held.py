@@ -37,16 +37,18 @@ from typing import Any
 from kerasmagic.compat.registry import works
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kerasmagic/
-HOLDS = "__kerasmagic_holds_sigint__"  # marks a SIGINT handler that records (it holds Ctrl-C)
 
 
-def holds(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """Mark ``handler`` as one that records SIGINT: a hold entered under it is not needed."""
-    setattr(handler, HOLDS, True)
-    return handler
+class Recorder:
+    """Records SIGINT instead of raising it (``_record``: under it, another hold is not needed)."""
+
+    pending = False  # a Ctrl-C was recorded
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        self.pending = True
 
 
-class held_interrupts:
+class held_interrupts(Recorder):
     """Record SIGINT instead of raising it for the block (main thread only; elsewhere no-op).
 
     ``pending`` says whether one arrived; ``deliver()`` then hands it to the handler it was
@@ -56,16 +58,15 @@ class held_interrupts:
     per cell.
     """
 
-    def __init__(self) -> None:
-        self.pending = False
-        self.handler: Any = None
+    handler: Any = None
 
     def __enter__(self) -> held_interrupts:
         if threading.current_thread() is not threading.main_thread() or not works("cpython.signal"):
             return self  # (moved: said once, by compat; Ctrl-C raises as Python's own)
         previous = _signal.getsignal(_signal.SIGINT)
-        if callable(previous) and not getattr(previous, HOLDS, False):  # SIG_IGN, SIG_DFL:
-            self.handler = previous  # nothing Python-level to hold
+        held = getattr(previous, "__func__", None) is Recorder._record  # a hold's recorder
+        if callable(previous) and not held:  # SIG_IGN, SIG_DFL: nothing Python-level to hold
+            self.handler = previous
             _signal.signal(_signal.SIGINT, self._record)
         return self
 
@@ -73,19 +74,12 @@ class held_interrupts:
         if self.handler is not None:
             _signal.signal(_signal.SIGINT, self.handler)
 
-    @holds
-    def _record(self, signum: int, frame: FrameType | None) -> None:
-        self.pending = True
-
     def deliver(self) -> None:
         """Give a held SIGINT to the handler it was held from (Python's default raises)."""
         if self.pending:
             self.pending = False
             try:
-                if callable(self.handler):
-                    self.handler(_signal.SIGINT, None)
-                else:
-                    raise KeyboardInterrupt
+                self.handler(_signal.SIGINT, None)
             except KeyboardInterrupt as error:
                 shown_plain(error)  # shown without this frame and the magic's
                 raise
@@ -106,24 +100,20 @@ class CellStopper(ast.NodeTransformer):
             self._shell.ast_transformers.remove(self)
         if not self._stop() or not isinstance(node, ast.Module):
             return node
-        stop = ast.parse("raise KeyboardInterrupt")
-        return ast.copy_location(ast.Module(body=stop.body, type_ignores=[]), node)
+        return ast.parse("raise KeyboardInterrupt")
 
 
 def interrupt_next_cell(shell: Any) -> None:
     """Make the cell about to run stop at once with ``KeyboardInterrupt`` (a held Ctrl-C)."""
-    transformers = getattr(shell, "ast_transformers", None)
     if not works("ipython.transformers", shell):  # moved: said once, by compat; the cell runs
         return
-    if isinstance(transformers, list) and not any(
-        isinstance(t, CellStopper) and t.once for t in transformers
-    ):
-        transformers.insert(0, CellStopper(shell, lambda: True, once=True))
+    if not any(isinstance(t, CellStopper) and t.once for t in shell.ast_transformers):
+        shell.ast_transformers.insert(0, CellStopper(shell, lambda: True, once=True))
 
 
 def interrupt_finished_cell(shell: Any, result: Any) -> None:
     """Mark a cell that ended while Ctrl-C was held as interrupted, as IPython would show it."""
-    if getattr(result, "error_in_exec", True) is None and hasattr(result, "error_in_exec"):
+    if getattr(result, "error_in_exec", True) is None:
         error = KeyboardInterrupt()
         result.error_in_exec = error
         shell.showtraceback((KeyboardInterrupt, error, None))
@@ -133,45 +123,29 @@ def _in(folder: str, tb: TracebackType) -> bool:
     return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(folder + os.sep)
 
 
-def cut_own_frames(tb: TracebackType | None, ipython: str = "") -> None:
-    """Cut the innermost entries of ``tb`` that are kerasmagic's, and then those in ``ipython``
-    (IPython's folder: its magic dispatch above ours), keeping at least one entry."""
-    entries = []
-    while tb is not None:
-        entries.append(tb)
-        tb = tb.tb_next
-    keep = len(entries)
-    while keep > 1 and _in(PACKAGE, entries[keep - 1]):
-        keep -= 1
-    while ipython and len(entries) > keep > 1 and _in(ipython, entries[keep - 1]):
-        keep -= 1
-    if keep < len(entries):
-        entries[keep - 1].tb_next = None
-
-
-def _from_cell(tb: TracebackType | None, cell: str) -> TracebackType | None:
-    """Return the entry of ``tb`` at the first frame of the code in file ``cell``, or None."""
-    while tb is not None and tb.tb_frame.f_code.co_filename != cell:
-        tb = tb.tb_next
-    return tb
-
-
-def _in_chain(tb: TracebackType | None, entry: TracebackType) -> bool:
-    while tb is not None and tb is not entry:
-        tb = tb.tb_next
-    return tb is entry
-
-
-def _render(error: BaseException, start: TracebackType | None) -> list[str]:
-    """Return IPython's rendering of ``error`` with kerasmagic's frames cut off its end and,
-    from ``start`` on when its traceback still holds that entry (the cell's own frame)."""
+def _render(error: BaseException, cell: str | None) -> list[str]:
+    """Return IPython's rendering of ``error``: from the first frame of the code in file
+    ``cell`` on, when its traceback holds one (the cell's own frame), and without its innermost
+    entries that are kerasmagic's and then IPython's (its magic dispatch above ours)."""
     import IPython
     from IPython.core.getipython import get_ipython
 
-    tb, offset = error.__traceback__, None
-    if start is not None and _in_chain(tb, start):
-        tb, offset = start, 0
-    cut_own_frames(tb, os.path.dirname(os.path.abspath(IPython.__file__)))
+    entries, tb = [], error.__traceback__
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    files = [entry.tb_frame.f_code.co_filename for entry in entries]
+    offset = None
+    if cell in files:
+        entries, offset = entries[files.index(cell) :], 0
+    ipython, keep = os.path.dirname(os.path.abspath(IPython.__file__)), len(entries)
+    while keep > 1 and _in(PACKAGE, entries[keep - 1]):
+        keep -= 1
+    while len(entries) > keep > 1 and _in(ipython, entries[keep - 1]):
+        keep -= 1
+    if keep < len(entries):
+        entries[keep - 1].tb_next = None  # at least one entry kept
+    tb = entries[0] if entries else None
     shell: Any = get_ipython()
     if shell is None or not works("ipython.traceback", shell):  # Python's own format
         return traceback.format_exception(type(error), error, tb)
@@ -185,7 +159,6 @@ def shown_plain(error: BaseException, cell: str | None = None) -> BaseException:
     error in a plain cell shows (not from IPython's call of the magic)."""
     if "_render_traceback_" in dir(type(error)) or not works("ipython.render_hook"):
         return error  # renders itself (an isolated cell's error), or IPython no longer asks
-    start = None if cell is None else _from_cell(error.__traceback__, cell)
     with contextlib.suppress(TypeError):  # an exception type without a __dict__: as it is
-        vars(error)["_render_traceback_"] = functools.partial(_render, error, start)
+        vars(error)["_render_traceback_"] = functools.partial(_render, error, cell)
     return error

@@ -116,29 +116,22 @@ def frames_checked() -> bool:
 
 
 def _ops(*names: str) -> set[int]:
-    """Return the opcodes of ``names`` this Python has."""
+    """Return the opcodes of ``names`` this Python has (3.11 to 3.13 differ)."""
     return {dis.opmap[n] for n in names if n in dis.opmap}
 
 
 RETURNS = _ops("RETURN_VALUE", "RETURN_CONST")
-_YIELD = dis.opmap["YIELD_VALUE"]
-_RESUME = dis.opmap.get("RESUME", -1)
-_EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
-_CALLS = _ops(  # calls: Python checks for signals once they return
-    "CALL", "CALL_KW", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX", "CALL_METHOD"
-)
-_JUMPS_BACK = _ops(  # jumps back (every loop's end): Python checks for signals as they jump
+CALLS = _ops("CALL", "CALL_KW", "CALL_FUNCTION_EX")  # Python checks for signals once they return
+JUMPS_BACK = _ops(  # every loop's end: Python checks for signals as it jumps back
     "JUMP_BACKWARD",
-    "JUMP_ABSOLUTE",
-    "POP_JUMP_BACKWARD_IF_FALSE",
-    "POP_JUMP_BACKWARD_IF_TRUE",
-    "POP_JUMP_BACKWARD_IF_NONE",
-    "POP_JUMP_BACKWARD_IF_NOT_NONE",
+    *(f"POP_JUMP_BACKWARD_IF_{test}" for test in ("TRUE", "FALSE", "NONE", "NOT_NONE")),  # 3.11
 )
+YIELD, RESUME = dis.opmap["YIELD_VALUE"], dis.opmap["RESUME"]
+EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
+HANDLER_ENTRY = dis.opmap["PUSH_EXC_INFO"]  # the exception not yet in exc_info
+MAX_RAISES = 20  # a library retrying in a loop around a bare except: give up, never hang
 Handler = tuple[int, int] | None  # an exception handler's target and stack depth; None: none
-_handlers: weakref.WeakKeyDictionary[CodeType, tuple[tuple[int, int, int, int], ...]] = (
-    weakref.WeakKeyDictionary()
-)
+_tables: weakref.WeakKeyDictionary[CodeType, list[Any]] = weakref.WeakKeyDictionary()
 
 
 def opcode(frame: FrameType, offset: int | None = None) -> int:
@@ -146,7 +139,7 @@ def opcode(frame: FrameType, offset: int | None = None) -> int:
     ``EXTENDED_ARG`` prefix (Python 3.11 reports a prefixed instruction at the prefix)."""
     code = frame.f_code.co_code
     at = frame.f_lasti if offset is None else offset
-    while 0 <= at < len(code) and code[at] == _EXTENDED_ARG:
+    while 0 <= at < len(code) and code[at] == EXTENDED_ARG:
         at += 2
     return code[at] if 0 <= at < len(code) else -1
 
@@ -155,38 +148,18 @@ def yielding(frame: FrameType) -> bool:
     """Return whether a ``return`` event of ``frame`` is a yield (3.13 reports it at the
     ``RESUME`` after the ``YIELD_VALUE``)."""
     op = opcode(frame)
-    return op == _YIELD or (op == _RESUME and opcode(frame, frame.f_lasti - 2) == _YIELD)
-
-
-def _handler(code: CodeType, offset: int) -> Handler:
-    """Return the exception handler (target, stack depth) covering ``offset``, if any."""
-    table = _handlers.get(code)
-    if table is None:
-        parse = getattr(dis, "_parse_exception_table", None)  # 3.11 to 3.13 have it
-        entries = parse(code) if parse is not None else []
-        table = tuple((e.start, e.end, e.target, e.depth) for e in entries)
-        _handlers[code] = table
-    for start, end, target, depth in table:
-        if start <= offset < end:
-            return target, depth
-    return None
+    return op == YIELD or (op == RESUME and opcode(frame, frame.f_lasti - 2) == YIELD)
 
 
 def protection(frame: FrameType, offset: int | None = None) -> Handler:
     """Return what would handle an exception at ``offset`` (the frame's last instruction)."""
-    return _handler(frame.f_code, frame.f_lasti if offset is None else offset)
-
-
-def raise_here(frame: FrameType, last: int, home: Handler) -> bool:
-    """Return whether a Ctrl-C pending since ``frame`` ran the instruction at ``last`` may be
-    raised now, at the frame's current instruction (its opcode event), as Python would: after a
-    call or at a jump back, under ``home``, the protection the frame had when it came."""
-    now = frame.f_lasti
-    if now == last or protection(frame) != home:
-        return False  # the line and opcode events of one instruction; an exit or a finally
-    if opcode(frame) in _JUMPS_BACK:
-        return True
-    return opcode(frame, last) in _CALLS and protection(frame, last) == home
+    code, at = frame.f_code, frame.f_lasti if offset is None else offset
+    if code not in _tables:
+        _tables[code] = list(dis._parse_exception_table(code))  # type: ignore[attr-defined]
+    for entry in _tables[code]:
+        if entry.start <= at < entry.end:
+            return entry.target, entry.depth
+    return None
 
 
 @dataclass
@@ -198,41 +171,24 @@ class Pending:
     home: Handler  # the protection it had then
     starts: bool  # a Python function it calls may get it at its start
 
-    @classmethod
-    def at(cls, frame: FrameType, starts: bool = True) -> Pending:
-        """Wait in ``frame`` from its current instruction; ``starts=False`` for a frame that
-        went on without it, maybe on its way out of a ``with``, calling the ``__exit__``."""
-        return cls(frame.f_lasti, frame.f_lasti, protection(frame), starts)
-
     def due(self, frame: FrameType) -> bool:
-        """At an opcode event of the frame: return whether to raise it now."""
+        """At an opcode event of the frame: return whether to raise it now, as Python would:
+        after a call or at a jump back, under the protection the frame had when it came."""
         last, self.last = self.last, frame.f_lasti
-        return raise_here(frame, last, self.home)
+        if frame.f_lasti == last or protection(frame) != self.home:
+            return False  # the line and opcode events of one instruction; an exit or a finally
+        if opcode(frame) in JUMPS_BACK:
+            return True
+        return opcode(frame, last) in CALLS and protection(frame, last) == self.home
 
     def due_in_callee(self, caller: FrameType) -> bool:
         """At the start of a Python function ``caller`` calls: return whether to raise it there."""
         return self.starts and caller.f_lasti != self.origin and protection(caller) == self.home
 
 
-def want_opcodes(frame: FrameType, tracer: object) -> None:
-    """Have ``frame`` report each instruction to its trace function. On 3.12 that takes effect
-    only when tracing is switched on afterwards (CPython gh-103615), and setting the tracer
-    again changes nothing once the interpreter's events are on (a second follow in the same
-    process saw no opcode events), so ``tracer`` is switched off and on. ``==``: a bound
-    method is a new object each time it is read."""
-    frame.f_trace_opcodes = True
-    if sys.version_info[:2] == (3, 12) and sys.gettrace() == tracer:
-        sys.settrace(None)
-        sys.settrace(tracer)  # type: ignore[arg-type]
-
-
-_HANDLER_ENTRY = dis.opmap.get("PUSH_EXC_INFO", -1)  # 3.11+: exception not yet in exc_info
-MAX_RAISES = 20  # a library retrying in a loop around a bare except: give up, never hang
-
-
-def is_library(code: CodeType) -> bool:
-    """Return whether ``code`` belongs to an installed package or the standard library."""
-    return library_file(code.co_filename)
+def _library(frame: FrameType) -> bool:
+    """Return whether ``frame`` runs code of an installed package or the standard library."""
+    return library_file(frame.f_code.co_filename)
 
 
 def _names_interrupt(frame: FrameType) -> bool:
@@ -250,16 +206,19 @@ class InterruptWatch:
     def __init__(self, stop_at: set[CodeType], enabled: bool = True) -> None:
         self._stop_at = stop_at  # IPython's run_code: the cell's error handling, where it ends
         self._enabled = enabled  # off on a Python its opcode reading was not checked on
+        self._clear()
+
+    def _clear(self) -> None:
+        """Follow nothing."""
         self._error: BaseException | None = None
         self._watched: dict[FrameType, tuple[Any, bool, bool]] = {}  # frame -> its trace settings
-        self._handling: set[FrameType] = set()  # frames running an except block for it
-        self._deliberate: set[FrameType] = set()  # ... one that names KeyboardInterrupt
+        self._caught: dict[FrameType, bool] = {}  # in an except block for it -> names it
         self._pending: dict[FrameType, Pending] = {}  # went on without it, or lost it again
         self._profiled = False  # the profile function that revives tracing is in place
         self._raised_at: tuple[FrameType, int] | None = None  # where it was last raised again
         self._outermost: FrameType | None = None
         self._once = False  # a lost Ctrl-C in the user's own frame: raised, then let go
-        self.raised_again = 0
+        self._raised = 0
 
     def arm(self, frame: FrameType | None, error: BaseException) -> None:
         """Follow ``error``, about to be raised in ``frame``, up to the cell's runner."""
@@ -268,26 +227,22 @@ class InterruptWatch:
         while frame is not None and frame.f_code not in self._stop_at:
             frames.append(frame)
             frame = frame.f_back
-        if frame is None or not frames or sys.gettrace() is not None or not self._enabled:
-            return  # not inside a cell, a debugger traces, or off: raise as Python does
-        self._start(error, frames)
+        if frame is not None and frames and sys.gettrace() is None and self._enabled:
+            self._start(error, frames)  # else not in a cell, a debugger traces, or off
 
-    def arm_lost(self, frame: FrameType, error: BaseException) -> bool:
+    def arm_lost(self, frame: FrameType, error: BaseException) -> None:
         """Raise ``error``, a Ctrl-C that a finalizer or gc callback set off by ``frame`` lost
         (no watch was following it), in ``frame`` where Python would deliver one next, and
-        follow it out of ``frame`` as ``arm`` does; return False (nothing done) if a debugger
-        traces or this watch is off."""
+        follow it out of ``frame`` as ``arm`` does; not if a debugger traces or this is off."""
         self.disarm()
-        if sys.gettrace() is not None or not self._enabled:
-            return False
-        self._start(error, [frame])
-        self._once = not is_library(frame.f_code)  # what the user's code does with it is theirs
-        self._pend(frame, starts=True)
-        return True
+        if sys.gettrace() is None and self._enabled:
+            self._start(error, [frame])
+            self._once = not _library(frame)  # what the user's code does with it is theirs
+            self._pend(frame, starts=True)
 
     def _start(self, error: BaseException, frames: list[FrameType]) -> None:
         """Trace ``frames`` (innermost first) for ``error`` up to the last of them."""
-        self._error, self._outermost, self.raised_again = error, frames[-1], 0
+        self._error, self._outermost = error, frames[-1]
         for watched in frames:
             self._watch(watched)
         sys.settrace(self._new_frame)  # tracing on: the watched frames' own f_trace is called
@@ -310,12 +265,7 @@ class InterruptWatch:
             sys.setprofile(None)
         for frame, (trace, lines, opcodes) in self._watched.items():
             frame.f_trace, frame.f_trace_lines, frame.f_trace_opcodes = trace, lines, opcodes
-        self._watched.clear()
-        self._handling.clear()
-        self._deliberate.clear()
-        self._pending.clear()
-        self._error = self._outermost = self._raised_at = None
-        self._profiled = self._once = False
+        self._clear()
 
     def redeliver(self, frame: FrameType | None) -> bool:
         """Raise the interrupt in ``frame`` where Python would deliver a Ctrl-C next, still
@@ -326,8 +276,7 @@ class InterruptWatch:
         if self._error is None or frame is None or frame not in self._watched:
             self.disarm()
             return False
-        self._handling.discard(frame)  # lost afresh: whatever caught it before has not seen this
-        self._deliberate.discard(frame)
+        self._caught.pop(frame, None)  # lost afresh: whatever caught it before has not seen this
         self._pend(frame, starts=True)
         return True
 
@@ -348,37 +297,31 @@ class InterruptWatch:
         if self._error is None or sys.gettrace() is not None:
             return
         # Frames gone since are forgotten. Only the frame it was raised in, and its caller when
-        # it was raised at a return, can have run untraced (any other unwind is a profile
-        # event at once): one of the user's that had it then counts as having caught it, so
-        # what it does next is its own choice.
+        # it was raised at a return (no event for it), can have run untraced (any other unwind
+        # is a profile event at once): one of the user's that had it then counts as having
+        # caught it, so what it does next is its own choice.
         running: set[FrameType] = set()
         caller: FrameType | None = sys._getframe(1)
         while caller is not None:
             running.add(caller)
             caller = caller.f_back
-        untraced = self._untraced()
+        untraced: set[FrameType | None] = set()
+        if self._raised_at is not None:
+            raised, offset = self._raised_at
+            untraced = {raised, raised.f_back} if opcode(raised, offset) in RETURNS else {raised}
         for watched in list(self._watched):
             if watched not in running:
                 self._forget(watched)
                 if self._error is None:
                     return  # nothing left to follow: disarmed
                 continue
-            if watched in untraced and not is_library(watched.f_code):
-                self._handling.add(watched)
+            if watched in untraced and not _library(watched):
+                self._caught.setdefault(watched, False)
             if watched.f_trace is None:  # cleared by CPython in the frame that raised
                 watched.f_trace = self._local
         sys.settrace(self._new_frame)
         if event == "return" and frame in self._watched:
             self._local(frame, event, arg)
-
-    def _untraced(self) -> set[FrameType]:
-        """Return the frames that may have run while tracing was off since the last raise."""
-        if self._raised_at is None:
-            return set()
-        frame, offset = self._raised_at
-        if opcode(frame, offset) in RETURNS and frame.f_back is not None:
-            return {frame, frame.f_back}  # its caller got it without an event
-        return {frame}
 
     def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
         __tracebackhide__ = True  # read by IPython's traceback formatter
@@ -394,24 +337,22 @@ class InterruptWatch:
             elif (
                 value.__context__ is error
                 and not isinstance(value, KeyboardInterrupt)  # ipykernel's "Interrupted by user"
-                and is_library(frame.f_code)
+                and _library(frame)
             ):
                 self._raise_again(frame)  # turned into another exception: the interrupt instead
         elif event in ("line", "opcode"):
             if frame in self._pending:
-                self._step(frame)
-            elif sys.exc_info()[1] is error:
-                self._handling.add(frame)  # caught here: see what this frame does with it
-                if _names_interrupt(frame):
-                    self._deliberate.add(frame)
-            elif opcode(frame) != _HANDLER_ENTRY:  # else entering a handler, still raised
-                self._went_on_without_it(frame)
+                if self._pending[frame].due(frame):
+                    self._raise_again(frame)  # dropped, it runs on: raised where Python would
+            elif sys.exc_info()[1] is error:  # caught here: see what this frame does with it
+                self._caught[frame] = self._caught.get(frame, False) or _names_interrupt(frame)
+            elif opcode(frame) != HANDLER_ENTRY and self._stays(frame):  # else still raised
+                self._pend(frame)  # went on without it
         elif event == "return" and frame in self._pending and yielding(frame):
             return self._hand_over(frame)
         elif event == "return":
-            op = opcode(frame)
             unwinding = self._raised_at == (frame, frame.f_lasti)  # raised again at its return
-            if op in RETURNS and not unwinding:
+            if opcode(frame) in RETURNS and not unwinding:
                 if self._stays(frame):
                     self._raise_again(frame)  # returns as if nothing happened: the caller gets it
             elif frame is self._outermost:
@@ -426,10 +367,7 @@ class InterruptWatch:
         it there after the generator's resumption returned. Return the generator's own trace
         function, which CPython keeps as the suspended frame's."""
         consumer = generator.f_back
-        own = self._watched.pop(generator)
-        self._pending.pop(generator, None)
-        self._handling.discard(generator)
-        self._deliberate.discard(generator)
+        own = self._drop(generator)
         generator.f_trace, generator.f_trace_lines, generator.f_trace_opcodes = own
         if consumer is None:
             self.disarm()
@@ -438,37 +376,39 @@ class InterruptWatch:
             self._watch(consumer)
         if self._outermost is generator:
             self._outermost = consumer
-        self._once = self._once and not is_library(consumer.f_code)
+        self._once = self._once and not _library(consumer)
         self._pend(consumer, starts=True)
         return own[0]
 
     def _stays(self, frame: FrameType) -> bool:
         """Return whether the interrupt must go on from ``frame`` (not the user's own catch)."""
-        if frame in self._handling and (frame in self._deliberate or not is_library(frame.f_code)):
+        if frame in self._caught and (self._caught[frame] or not _library(frame)):
             self.disarm()  # caught on purpose: the user's code, or `except KeyboardInterrupt`
             return False
         return True
 
-    def _went_on_without_it(self, frame: FrameType) -> None:
-        if self._stays(frame):
-            self._pend(frame)
-
     def _pend(self, frame: FrameType, starts: bool = False) -> None:
-        """Raise it in ``frame`` at the next point where Python raises a Ctrl-C (``Pending``)."""
-        self._pending[frame] = Pending.at(frame, starts)
-        want_opcodes(frame, self._new_frame)
+        """Raise it in ``frame`` at the next point where Python raises a Ctrl-C (``Pending``);
+        ``starts=False`` for a frame that went on without it, maybe on its way out of a
+        ``with``, calling the ``__exit__``."""
+        self._pending[frame] = Pending(frame.f_lasti, frame.f_lasti, protection(frame), starts)
+        frame.f_trace_opcodes = True
+        # On 3.12 that takes effect only when tracing is switched on afterwards (CPython
+        # gh-103615; setting the tracer again changes nothing once the interpreter's events are
+        # on: a second follow in the same process saw no opcode events), so off and on.
+        # ``==``: a bound method is a new object each time it is read.
+        if sys.version_info[:2] == (3, 12) and sys.gettrace() == self._new_frame:
+            sys.settrace(None)
+            sys.settrace(self._new_frame)
 
-    def _step(self, frame: FrameType) -> None:
-        """A frame that dropped the interrupt runs on: raise it where Python would deliver one."""
-        __tracebackhide__ = True
-        if self._pending[frame].due(frame):
-            self._raise_again(frame)
+    def _drop(self, frame: FrameType) -> Any:
+        """Stop following ``frame``; return its own trace settings."""
+        self._caught.pop(frame, None)
+        self._pending.pop(frame, None)
+        return self._watched.pop(frame, None)
 
     def _forget(self, frame: FrameType) -> None:
-        self._watched.pop(frame, None)
-        self._handling.discard(frame)
-        self._deliberate.discard(frame)
-        self._pending.pop(frame, None)
+        self._drop(frame)
         frame.f_trace = None
         if not self._watched:
             self.disarm()  # no frame left to follow it through
@@ -477,14 +417,14 @@ class InterruptWatch:
         __tracebackhide__ = True
         error = self._error
         self._raised_at = (frame, frame.f_lasti)
-        self.raised_again += 1
-        if error is None or self.raised_again > MAX_RAISES:
+        self._raised += 1
+        if error is None or self._raised > MAX_RAISES:
             self.disarm()
             return
         if self._once:
             self.disarm()  # nothing of a library's left to drop it: untraced from here
             raise error
-        self._handling.clear()
+        self._caught.clear()
         self._pending.clear()
         raise error  # CPython switches tracing off: _revive switches it on again
 
@@ -505,17 +445,6 @@ def raise_lost(frame: FrameType) -> None:
     InterruptWatch(set()).arm_lost(frame, shown_plain(KeyboardInterrupt()))
 
 
-def interrupted_frame(unraisable: Any) -> FrameType | None:
-    """Return the frame that was running when the callback that lost the Ctrl-C was called.
-
-    The callback's own frame is the outermost of the exception's traceback (kept alive by it),
-    and its caller is the interrupted frame, whatever hooks wrap this one.
-    """
-    tb = getattr(unraisable, "exc_traceback", None)
-    frame = getattr(tb, "tb_frame", None)
-    return getattr(frame, "f_back", None)
-
-
 class RedeliverInterrupts:
     """A ``sys.unraisablehook`` that re-raises a lost Ctrl-C and passes the rest on."""
 
@@ -524,23 +453,21 @@ class RedeliverInterrupts:
         self.active = True
 
     def __call__(self, unraisable: Any) -> None:
-        exc_type = getattr(unraisable, "exc_type", None)
-        is_interrupt = isinstance(exc_type, type) and issubclass(exc_type, KeyboardInterrupt)
-        watch = following() if self.active and is_interrupt else None
-        if watch is not None and watch.redeliver(interrupted_frame(unraisable)):
-            return  # raised in the code the callback left, still followed
-        if (
-            self.active
-            and is_interrupt
-            and threading.current_thread() is threading.main_thread()
-            and sys.gettrace() is None
-        ):
-            interrupted = interrupted_frame(unraisable)
-            if interrupted is None and sys.unraisablehook is self:
-                interrupted = sys._getframe(1)  # lost in C code: the Python code running it
-            if interrupted is not None:
-                raise_lost(interrupted)
-                return
+        kind = unraisable.exc_type
+        if self.active and isinstance(kind, type) and issubclass(kind, KeyboardInterrupt):
+            # The callback's own frame is the outermost of the traceback (kept alive by it), and
+            # its caller the frame that was running when it was called, whatever hooks wrap this.
+            tb = unraisable.exc_traceback
+            frame = None if tb is None else tb.tb_frame.f_back
+            watch = following()
+            if watch is not None and watch.redeliver(frame):
+                return  # raised in the code the callback left, still followed
+            if threading.current_thread() is threading.main_thread() and sys.gettrace() is None:
+                if frame is None and sys.unraisablehook is self:
+                    frame = sys._getframe(1)  # lost in C code: the Python code running it
+                if frame is not None:
+                    raise_lost(frame)
+                    return
         self.previous(unraisable)
 
 

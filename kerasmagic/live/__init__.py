@@ -12,18 +12,16 @@ import logging
 import weakref
 from typing import Any
 
-from kerasmagic.live.leak import CellRecord, LeakVerdict, source_hash
+from kerasmagic.live.leak import CellRecord, LeakVerdict
 from kerasmagic.live.monitor import LiveMonitor, Records
 from kerasmagic.shellstate import ShellState, state_of
-from kerasmagic.snapshot import MemorySnapshot
 
 log = logging.getLogger(__name__)
 # Each shell's records at its last unload: a reload in the same kernel goes on from them (the
 # sidebar's chart, the widget, the leak detector), as the kernel's own cells do.
 _kept: weakref.WeakKeyDictionary[Any, Records] = weakref.WeakKeyDictionary()
 HOOKS = ("pre_run_cell", "post_run_cell")
-__all__ = ["CellRecord", "LeakVerdict", "LiveMonitor", "MemorySnapshot", "get_monitor", "history"]
-__all__ += ["load", "source_hash", "unload"]
+__all__ = ["CellRecord", "LeakVerdict", "LiveMonitor", "get_monitor", "history", "load", "unload"]
 
 
 def get_monitor(shell: Any) -> LiveMonitor | None:
@@ -53,15 +51,14 @@ def load(state: ShellState) -> LiveMonitor:
         monitor.resume(kept)  # the same run of cells: a count that went back is another
     for event in HOOKS:
         shell.events.register(event, getattr(monitor, event))
-    monitor.start()
+    monitor.sampler.start()
     return monitor
 
 
 def unload(state: ShellState, monitor: LiveMonitor) -> None:
     """Unregister the hooks, stop the sampler thread and keep the records for a reload."""
-    records = monitor.records()
     with contextlib.suppress(TypeError):  # not weakly referenceable: nothing kept
-        _kept[state.shell] = records
+        _kept[state.shell] = monitor.records()
     for event in HOOKS:
         try:
             state.shell.events.unregister(event, getattr(monitor, event))

@@ -144,21 +144,11 @@ def _tf(record: CellRecord, cache: str) -> int | None:
 class LeakDetector(Configurable):
     """Thresholds for "growing"; set them as ``c.LeakDetector.min_runs = 5`` and so on."""
 
-    min_runs = Int(3, help="Runs of the same cell that must each grow before we warn.").tag(
-        config=True
-    )
-    min_step_bytes = Int(
-        2 * 2**20, help="A run counts as growing memory when it added at least this many bytes."
-    ).tag(config=True)
-    min_total_bytes = Int(
-        8 * 2**20, help="Total memory growth over those runs needed before we warn."
-    ).tag(config=True)
-    max_share = Float(
-        0.7, help="No single run may carry more than this share of the total growth."
-    ).tag(config=True)
-    window = Int(
-        4, help="Judge only cells run among the last `window` cells (fixed cells stop warning)."
-    ).tag(config=True)
+    min_runs = Int(3, config=True, help="Runs of the same cell that must each grow to warn.")
+    min_step_bytes = Int(2 * 2**20, config=True, help="Bytes a run must add to count as growing.")
+    min_total_bytes = Int(8 * 2**20, config=True, help="Growth over those runs needed to warn.")
+    max_share = Float(0.7, config=True, help="Largest share of the growth one run may carry.")
+    window = Int(4, config=True, help="Judge only cells run among the last `window` cells.")
 
     def judge(self, history: Sequence[CellRecord], runs_of: RunsOf | None = None) -> LeakVerdict:
         """Return the first growing verdict among recently run cells, newest first. ``runs_of``
@@ -187,14 +177,13 @@ class LeakDetector(Configurable):
         return self._verdict(runs, growing) if growing else STABLE
 
     def _grows(self, what: str, steps: list[int]) -> bool:
-        in_bytes, total = what in BYTE_SIGNALS, sum(steps)
-        if what == "tf_tensors":
-            return all(step > 0 for step in steps)
-        if any(s < (self.min_step_bytes if in_bytes else 1) for s in steps) or total <= 0:
-            return False
-        if in_bytes and total < self.min_total_bytes:
-            return False
-        return max(steps) <= self.max_share * total or not in_bytes
+        total = sum(steps)
+        if what == "tf_tensors":  # exact: any growth in each run counts
+            return min(steps) > 0
+        if what not in BYTE_SIGNALS:  # a count: each run added one or more
+            return min(steps) >= 1
+        big = min(steps) >= self.min_step_bytes and total >= max(self.min_total_bytes, 1)
+        return big and max(steps) <= self.max_share * total
 
     def _verdict(self, runs: Sequence[CellRecord], growing: dict[str, list[int]]) -> LeakVerdict:
         """Name the first growing figure, its likely cause among the others, and the remedy."""

@@ -164,7 +164,6 @@ class LiveMonitor(Configurable):
         self._recorded = None
 
     def _post_run_cell(self, result: Any) -> None:
-        self._recorded = None
         if self._start is None:
             return
         (start, key, mode), self._start = self._start, None
@@ -218,10 +217,6 @@ class LiveMonitor(Configurable):
                 fn(kind, payload)
             except Exception:
                 log.exception("kerasmagic live subscriber %r failed on %r", fn, kind)
-
-    def start(self) -> None:
-        """Start the sampler thread."""
-        self.sampler.start()
 
     def stop(self) -> None:
         """Stop the sampler thread, drop every subscriber and close the attached views."""

@@ -89,9 +89,7 @@ def ram_info(rss_bytes: int, peak_rss_bytes: int | None, total: int, available: 
     against 800.8 MB): the RSS just read is then the peak.
     """
     peak = None if peak_rss_bytes is None else max(peak_rss_bytes, rss_bytes)
-    return RamInfo(
-        rss_bytes=rss_bytes, peak_rss_bytes=peak, total_bytes=total, available_bytes=available
-    )
+    return RamInfo(rss_bytes, peak, total, available)
 
 
 def read_ram() -> RamInfo:
@@ -152,12 +150,8 @@ class Variable:
     size_bytes: int
 
 
-def _module_of(obj: Any) -> str:
-    return type(obj).__module__.split(".", 1)[0]
-
-
 def _array_bytes(obj: Any) -> int | None:
-    module = _module_of(obj)
+    module = type(obj).__module__.partition(".")[0]
     numpy = sys.modules.get("numpy")
     if numpy is not None and issubclass(type(obj), numpy.ndarray):
         return int(obj.nbytes)

@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import importlib
 import os
+import queue
 import sys
 import threading
 import time
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Generic, Literal, TypeVar, cast
+from typing import Any, Literal, cast
 
 import psutil
 
@@ -62,10 +63,7 @@ class GpuInfo:
 
 
 # -- the reading thread, with a deadline -----------------------------------------------------------
-T = TypeVar("T")
-
-
-class DeadlineWorker(Generic[T]):
+class DeadlineWorker:
     """Run ``fn`` on one daemon thread; each caller waits for the result at most a deadline.
 
     At most one ``fn`` runs at a time and nothing queues behind it: a caller that finds a call in
@@ -73,32 +71,33 @@ class DeadlineWorker(Generic[T]):
     second one. The thread is a daemon, so a call that never returns cannot block exit.
     """
 
-    def __init__(self, fn: Callable[[], T], name: str) -> None:
-        self._fn = fn
-        self._name = name
+    def __init__(self, fn: Callable[[], GpuInfo], name: str) -> None:
+        self._fn, self._name = fn, name
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._job: futures.Future[T] | None = None
-        self._started = 0.0  # time.monotonic() when the newest call was asked for
+        self._jobs: queue.SimpleQueue[futures.Future[GpuInfo] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._generation = 0  # a thread runs while this is the number it was started with
+        self._job: futures.Future[GpuInfo] | None = None
+        self._started = 0.0  # time.monotonic() when the newest call was asked for
 
-    def call(self, timeout_s: float) -> T:
+    def call(self, timeout_s: float) -> GpuInfo:
         """Return ``fn()``'s result, or raise ``TimeoutError`` once it has run ``timeout_s``.
 
         The deadline counts from the call's start: joining a call that already hangs past it
         costs nothing, so a hung driver costs one deadline, not one per caller.
         """
-        job, started = self._current()
-        try:
-            return job.result(max(0.0, started + timeout_s - time.monotonic()))
-        except futures.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
-            raise TimeoutError(f"no answer within {timeout_s} s") from None
-
-    def busy(self) -> bool:
-        """Return True while a call is in flight."""
-        job = self._job
-        return job is not None and not job.done()
+        with self._lock:
+            alive = self._thread is not None and self._thread.is_alive()  # False after a fork
+            if not alive or self._job is None or self._job.done():
+                self._job, self._started = futures.Future(), time.monotonic()
+                if not alive:  # each thread reads its own queue: a stopped one ends on None
+                    self._jobs = queue.SimpleQueue()
+                    self._thread = threading.Thread(
+                        target=self._loop, args=(self._jobs,), name=self._name, daemon=True
+                    )
+                    self._thread.start()
+                self._jobs.put(self._job)
+            job, started = self._job, self._started
+        return job.result(max(0.0, started + timeout_s - time.monotonic()))
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the call in flight; return True if none is left."""
@@ -114,39 +113,13 @@ class DeadlineWorker(Generic[T]):
             return False
         with self._lock:
             thread, self._thread = self._thread, None
-            self._generation += 1
-            self._wake.set()
+            self._jobs.put(None)
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
         return True
 
-    def _current(self) -> tuple[futures.Future[T], float]:
-        """Return the call in flight, or a new one, and when it was asked for."""
-        with self._lock:
-            alive = self._thread is not None and self._thread.is_alive()  # False after a fork
-            if alive and self._job is not None and not self._job.done():
-                return self._job, self._started
-            job: futures.Future[T] = futures.Future()
-            self._job, self._started = job, time.monotonic()
-            if not alive:
-                self._generation += 1
-                self._thread = threading.Thread(
-                    target=self._loop, args=(self._generation,), name=self._name, daemon=True
-                )
-                self._thread.start()
-            self._wake.set()
-            return job, self._started
-
-    def _loop(self, generation: int) -> None:
-        while True:
-            self._wake.wait()
-            with self._lock:
-                if generation != self._generation:  # stopped, or a newer thread took over
-                    return
-                self._wake.clear()
-                job = self._job
-            if job is None or job.done():
-                continue
+    def _loop(self, jobs: queue.SimpleQueue[futures.Future[GpuInfo] | None]) -> None:
+        while (job := jobs.get()) is not None:
             try:
                 job.set_result(self._fn())
             except Exception as exc:  # handed to the waiting caller, not lost in the thread
@@ -154,9 +127,6 @@ class DeadlineWorker(Generic[T]):
 
 
 # -- one device's reading --------------------------------------------------------------------------
-PROCESS_QUERY = "nvmlDeviceGetComputeRunningProcesses"
-
-
 def text(value: Any) -> str:
     """Return a binding's string (old bindings return bytes) or an error as one line."""
     return " ".join((value.decode() if isinstance(value, bytes) else str(value)).split())
@@ -187,14 +157,6 @@ class Visible:
     handle: Any
     uuid: str
     name: str
-
-
-def visible_devices(nvml: ModuleType) -> list[Visible]:
-    """Return each device CUDA_VISIBLE_DEVICES lets CUDA see, in CUDA's order."""
-    return [
-        Visible(n, h, text(nvml.nvmlDeviceGetUUID(h)), text(nvml.nvmlDeviceGetName(h)))
-        for n, h in _visible_handles(nvml)
-    ]
 
 
 def _visible_handles(nvml: ModuleType) -> list[tuple[int | None, Any]]:
@@ -228,7 +190,7 @@ def _handle_by_uuid(nvml: ModuleType, uuid: str, count: int) -> tuple[int | None
 def _process_share(nvml: ModuleType, handle: Any) -> tuple[int | None, str | None]:
     """Return this PID's usage (0 if absent), or None and why it is not available."""
     try:
-        procs = getattr(nvml, PROCESS_QUERY)(handle)
+        procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
     except Exception as exc:
         if is_error(nvml, exc, "Uninitialized"):
             raise  # the whole reading starts NVML again
@@ -270,16 +232,6 @@ _last_good: tuple[float, GpuInfo] | None = None  # (time.monotonic(), reading)
 DEPRECATED_PYNVML = "The pynvml package is deprecated"  # printed by that package's import hook
 
 
-def remembered_failure() -> GpuInfo | None:
-    """Return the start-up failure that every reading repeats, if there was one."""
-    return _failure
-
-
-def last_good() -> tuple[float, GpuInfo] | None:
-    """Return (monotonic time, reading) of the newest "ok" reading, if any."""
-    return _last_good
-
-
 def _import_pynvml() -> ModuleType:
     """Import pynvml; the deprecated ``pynvml`` package's FutureWarning is not for our users.
 
@@ -316,20 +268,16 @@ def _start() -> ModuleType | GpuInfo:
     except AttributeError as exc:
         _failure = GpuInfo("error", describe(module, exc), ())
         return _failure
-    except Exception as exc:  # NVMLError_LibraryNotFound, OSError, DriverNotLoaded, ...
-        _failure = GpuInfo("no_driver", _no_driver(module, exc), ())
+    except Exception as exc:  # no driver library at all, or a driver that did not start
+        message = "no NVIDIA GPU"
+        if not is_error(module, exc, "LibraryNotFound"):
+            message += f" in use: the NVIDIA driver did not start ({describe(module, exc)})"
+        _failure = GpuInfo("no_driver", message, ())
         return _failure
     _nvml = module
+    atexit.unregister(shutdown)  # once, however often NVML starts again
+    atexit.register(shutdown)
     return module
-
-
-def _no_driver(nvml: ModuleType, exc: Exception) -> str:
-    """Say what NVML's failure to start means to a person: no NVIDIA GPU here (no driver
-    library at all), or a driver that is there and did not start (and why)."""
-    missing = getattr(nvml, "NVMLError_LibraryNotFound", None)
-    if isinstance(missing, type) and isinstance(exc, missing):
-        return "no NVIDIA GPU"
-    return f"no NVIDIA GPU in use: the NVIDIA driver did not start ({describe(nvml, exc)})"
 
 
 def _visible_devices(nvml: ModuleType) -> list[Visible]:
@@ -337,7 +285,11 @@ def _visible_devices(nvml: ModuleType) -> list[Visible]:
     global _visible
     spec = os.environ.get("CUDA_VISIBLE_DEVICES")
     if _visible is None or _visible[0] != spec:
-        _visible = (spec, visible_devices(nvml))
+        get_uuid, get_name = nvml.nvmlDeviceGetUUID, nvml.nvmlDeviceGetName
+        found = [
+            Visible(n, h, text(get_uuid(h)), text(get_name(h))) for n, h in _visible_handles(nvml)
+        ]
+        _visible = (spec, found)
     return _visible[1]
 
 
@@ -403,17 +355,14 @@ def _shutdown_nvml(wait_s: float) -> bool:
 DEADLINE_S = 0.15  # a healthy reading takes well under 1 ms per GPU
 EXIT_WAIT_S = 1.0  # at exit, how long a hung reading may delay NVML's shutdown
 
-_worker: DeadlineWorker[GpuInfo] = DeadlineWorker(read_now, "kerasmagic-nvml")
-_exit_lock = threading.Lock()
-_exit_registered = False
+_worker = DeadlineWorker(read_now, "kerasmagic-nvml")
+wait_idle = _worker.wait_idle  # wait up to a timeout for a reading in flight; True if none left
 
 
 def read_gpus(timeout_s: float = DEADLINE_S) -> GpuInfo:
     """Return memory of every GPU this process may use; failures and delays become a status."""
-    failure = remembered_failure()
-    if failure is not None:
-        return failure  # no driver: answered here, without a thread
-    _register_exit()
+    if _failure is not None:
+        return _failure  # no driver: answered here, without a thread
     try:
         return _worker.call(timeout_s)
     except TimeoutError:
@@ -425,16 +374,11 @@ def read_gpus(timeout_s: float = DEADLINE_S) -> GpuInfo:
 def _late(timeout_s: float) -> GpuInfo:
     """Return the last good reading marked stale, or "not available", when NVML is late."""
     waited = f"NVML did not answer within {timeout_s * 1000:.0f} ms"
-    last = last_good()
+    last = _last_good
     if last is None:
         return GpuInfo("error", f"not available: {waited} (starting, or a hung driver)", ())
     age_s = time.monotonic() - last[0]
     return GpuInfo("stale", f"{waited}; figures from {age_s:.0f} s ago", last[1].devices)
-
-
-def wait_idle(timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` for a reading in flight; return True if none is left."""
-    return _worker.wait_idle(timeout_s)
 
 
 def shutdown(wait_s: float = EXIT_WAIT_S) -> None:
@@ -451,11 +395,3 @@ def stop(wait_s: float = EXIT_WAIT_S) -> None:
     both. A reading that still hangs is left alone."""
     if _worker.stop(wait_s):
         _shutdown_nvml(wait_s)
-
-
-def _register_exit() -> None:
-    global _exit_registered
-    with _exit_lock:
-        if not _exit_registered:
-            atexit.register(shutdown)
-            _exit_registered = True

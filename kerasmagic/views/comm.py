@@ -28,7 +28,7 @@ from kerasmagic.compat.registry import works
 from kerasmagic.live import CellRecord, LiveMonitor
 from kerasmagic.shellstate import ShellState
 from kerasmagic.snapshot import take_snapshot
-from kerasmagic.views.protocol import MAX_ID_CHARS, PROTOCOL, check, failure, message, request_id
+from kerasmagic.views.protocol import check, failure, message, request_id
 
 log = logging.getLogger(__name__)
 TARGET = "kerasmagic"
@@ -37,7 +37,6 @@ MIN_PUSH_INTERVAL_S = 0.4  # at most ~2 samples a second on the wire
 GATHER_S = 0.05  # a kernel's run waits this long for requests sent with the first one
 Cleanup = Callable[..., CleanupReport]
 Scan = Callable[[Mapping[str, Any]], DeepScan]
-__all__ = ["MAX_ID_CHARS", "PROTOCOL", "TARGET", "Sidebar", "load", "unload"]
 
 
 def open_comm(shell: Any, target: str, data: dict[str, Any]) -> Any | None:
@@ -245,8 +244,9 @@ class Sidebar:
     def _run(self, name: str) -> None:
         fields: dict[str, Any] = {"error": f"{name} was interrupted"}
         try:
-            work = self._free_fields if name == "free_memory" else self._scan_fields
-            fields = {"request": name, **work()}
+            scan = name == "scan"  # what holds each model, what frees it; the largest data
+            work = self._scan(self._shell.user_ns).to_dict() if scan else self._free_fields()
+            fields = {"request": name, **work}
         except Exception as exc:
             log.exception("kerasmagic: %s failed", name)
             fields = {"error": failure(f"{name} failed", exc)}
@@ -269,10 +269,6 @@ class Sidebar:
         fields: dict[str, Any] = {"report": report.to_dict(), "summary": report.summary()}
         fields.update(before=before.to_dict(), snapshot=after.to_dict(), verdict=self._verdict())
         return fields
-
-    def _scan_fields(self) -> dict[str, Any]:
-        """Find every live model, what holds it and what frees it, and the largest data."""
-        return self._scan(self._shell.user_ns).to_dict()
 
     def _snapshot(self) -> dict[str, Any]:
         """Return a fresh snapshot on the main thread; elsewhere the monitor's latest."""
@@ -315,15 +311,11 @@ class Sidebar:
         """Return the leak detector's message when it flags this very run of a cell, else None:
         only the cell's own runs up to this one decide its badge (the verdict may name another
         cell), so a history sent after Run All marks what the live pushes would have."""
-        monitor = self._monitor
-        if monitor is None or not record.source_hash:
+        if self._monitor is None or not record.source_hash:
             return None
-        detector = monitor.detector
-        runs = monitor.runs(record.source_hash)  # the monitor's index: not the whole history
-        upto = next((i for i, run in enumerate(runs) if run is record), None)
-        if upto is None:
-            return None
-        mine = detector.judge_runs(runs[max(0, upto + 1 - detector.min_runs) : upto + 1])
+        detector, runs = self._monitor.detector, self._monitor.runs(record.source_hash)
+        upto = next((i + 1 for i, run in enumerate(runs) if run is record), 0)  # 0: not there
+        mine = detector.judge_runs(runs[max(0, upto - detector.min_runs) : upto])
         return mine.message if mine.growing else None
 
 

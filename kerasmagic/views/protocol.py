@@ -109,24 +109,23 @@ HEADER = (
     "// sidebar protocol's data types (docs/protocol.md), from kerasmagic's dataclasses.\n"
     "// Do not edit: change the dataclass and run the command again.\n"
 )
-SIMPLE = {int: "number", float: "number", str: "string", bool: "boolean", type(None): "null"}
+KNOWN = {int: "number", float: "number", str: "string", bool: "boolean", type(None): "null"}
+KNOWN.update(WIRE)
 
 
 def ts_type(hint: Any) -> str:
     """Return the TypeScript type of a Python annotation (as it goes through ``json``)."""
-    known: dict[Any, str] = {**SIMPLE, Any: "unknown", **dict(WIRE)}
-    if hint in known:
-        return known[hint]
+    if hint in KNOWN:
+        return KNOWN[hint]
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (types.UnionType, typing.Union):
+    if origin is types.UnionType:
         return " | ".join(ts_type(arg) for arg in args)
     if origin is typing.Literal:
         return " | ".join(f"'{arg}'" for arg in args)
-    if origin in (tuple, list):
-        items = [a for a in args if a is not Ellipsis]
-        if origin is tuple and len(items) > 1 and Ellipsis not in args:
-            return f"[{', '.join(ts_type(a) for a in items)}]"
-        inner = ts_type(items[0]) if items else "unknown"
+    if origin is tuple and args[-1] is not Ellipsis:  # a pair: tuple[str, float]
+        return f"[{', '.join(ts_type(a) for a in args)}]"
+    if origin is tuple:
+        inner = ts_type(args[0])
         return f"({inner})[]" if " " in inner else f"{inner}[]"
     if origin in (dict, Mapping):
         return f"{{ [key: string]: {ts_type(args[1])} }}"

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from kerasmagic.probes import Variable
 
 Row = tuple[str, str]
+CACHES = {  # a backend's cache -> how a row says it
+    "live_arrays": "{} live arrays ({})",
+    "compiled": "{} compiled executables",
+    "compiled_frames": "{} torch.compile frames",
+}
 PLOT_MISSING = "kerasmagic: --plot needs matplotlib: pip install 'kerasmagic[plot]'"
 
 
@@ -40,9 +45,8 @@ def snapshot_rows(snap: MemorySnapshot) -> list[Row]:
         limit = "" if lead.limit_bytes is None else f" of {fmt_bytes(lead.limit_bytes)}"
         source = f" ({lead.limit_label})" if lead.limit_label else ""
         reserved = "" if lead.reserved_bytes is None else f"; {reserved_text(lead.reserved_bytes)}"
-        rows.append(
-            ("Runs out", f"{lead.label}: {fmt_bytes(lead.used_bytes)}{limit}{source}{reserved}")
-        )
+        said = f"{lead.label}: {fmt_bytes(lead.used_bytes)}"
+        rows.append(("Runs out", f"{said}{limit}{source}{reserved}"))
     peak = max(ram.peak_rss_bytes or 0, ram.rss_bytes)
     host = f"host {fmt_bytes(ram.available_bytes)} free of {fmt_bytes(ram.total_bytes)}"
     rows.append(("RAM", f"RSS {fmt_bytes(ram.rss_bytes)} (peak {fmt_bytes(peak)}); {host}"))
@@ -104,19 +108,13 @@ def backend_rows(b: BackendInfo) -> list[Row]:
     """Return the rows of one non-TensorFlow backend: version, devices, caches, notes."""
     label, c = LABELS.get(b.name, b.name), b.caches
     where = "devices not started yet" if b.platform is None else f"on {b.platform.upper()}"
-    rows = [
-        (label, f"{b.name} {b.version or '?'} {where}" + (", Keras's backend" if b.keras else ""))
-    ]
+    where += ", Keras's backend" if b.keras else ""
+    rows = [(label, f"{b.name} {b.version or '?'} {where}")]
     rows += [(f"{label} {d.name}", _device_text(d)) for d in b.devices]
-    caches = [
-        f"{c['live_arrays']} live arrays ({fmt_bytes(c.get('live_array_bytes'))})"
-        if "live_arrays" in c
-        else "",
-        f"{c['compiled']} compiled executables" if "compiled" in c else "",
-        f"{c['compiled_frames']} torch.compile frames" if "compiled_frames" in c else "",
-    ]
-    if any(caches):
-        rows.append((f"{label} caches", ", ".join(t for t in caches if t)))
+    arrays = fmt_bytes(c.get("live_array_bytes"))  # format() drops it where unused
+    caches = [text.format(c[key], arrays) for key, text in CACHES.items() if key in c]
+    if caches:
+        rows.append((f"{label} caches", ", ".join(caches)))
     return rows + [(f"{label} note", note) for note in b.notes]
 
 
@@ -133,13 +131,8 @@ def _device_text(d: BackendDevice) -> str:
 
 def _opt(n: int | None, what: str) -> str | None:
     """Return "1 live model ..." / "3 live models ...": ``what`` is written in the plural."""
-    if n == 1:  # the last plural noun before any "(": "ops in the ..." -> "op in the ..."
-        noun, paren, rest = what.partition(" (")
-        words = noun.split(" ")
-        plural = [i for i, w in enumerate(words) if w.endswith("s") and not w.endswith("ss")]
-        if plural:
-            words[plural[-1]] = words[plural[-1]][:-1]
-        what = " ".join(words) + paren + rest
+    if n == 1:  # its first plural noun made singular: "ops in the ..." -> "op in the ..."
+        what = re.sub(r"\b(\w*[^\Ws])s\b", r"\1", what, count=1)
     return None if n is None else f"{n} {what}"
 
 
@@ -185,11 +178,9 @@ def model_rows(models: Sequence[LiveModel]) -> list[Row]:
         labels.append(
             m.name if names[m.name] == 1 or not pairs else f"{m.name} (held as {pairs[0][0]})"
         )
-        by_remedy: dict[str, list[str]] = {}  # the holders sharing a remedy together
+        by_remedy: dict[str, dict[str, None]] = {}  # the holders sharing a remedy, once each
         for holder, remedy in pairs:
-            shown = by_remedy.setdefault(remedy, [])
-            if holder not in shown:
-                shown.append(holder)
+            by_remedy.setdefault(remedy, {})[holder] = None
         holders = "; ".join(
             ", ".join(shown) + (f" → {remedy}" if remedy else "")
             for remedy, shown in by_remedy.items()
@@ -287,10 +278,8 @@ def cell_line(record: CellRecord, verdict: LeakVerdict | None = None) -> str:
     end, delta = record.end, record.delta
     parts = [f"[{record.execution_count}] {record.duration_s:.2f}s"]
     parts.append(_figure("RSS", end.ram.rss_bytes, delta.rss_bytes, record.peak_rss_bytes))
-    if end.gpu_used_bytes is not None:
-        parts.append(
-            _figure("VRAM", end.gpu_used_bytes, delta.gpu_used_bytes, record.peak_gpu_bytes)
-        )
+    if (gpu := end.gpu_used_bytes) is not None:
+        parts.append(_figure("VRAM", gpu, delta.gpu_used_bytes, record.peak_gpu_bytes))
     gradients = end.cache("tensorflow", "custom_gradients")
     if gradients is not None:
         parts.append(f"custom gradients {gradients}")
@@ -349,8 +338,8 @@ def show(shell: Any, *, live: bool, history: bool, plot: bool) -> None:
     if monitor is None:
         raise UsageError("the live monitor is not running: %load_ext kerasmagic first")
     if history:
-        records = monitor.history()
-        rows = [(f"[{r.execution_count}]", cell_line(r).split(" ", 2)[2]) for r in records]
+        cells = monitor.history()
+        rows = [(f"[{r.execution_count}]", cell_line(r).split(" ", 2)[2]) for r in cells]
         title = "kerasmagic: per-cell memory" + (" (cell, duration, end figures)" if rows else "")
         display(Table(title, rows or [("history", "no cell recorded yet")]))
     if plot:

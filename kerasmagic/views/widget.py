@@ -34,18 +34,20 @@ BRAND, WARN = "var(--jp-brand-color1, #1976d2)", "var(--jp-warn-color1, #f57c00)
 TRACK = "var(--jp-layout-color3, #bdbdbd)"
 
 
-def bar_html(label: str, used: int, total: int, note: str = "") -> str:
-    """Return a horizontal bar of ``used`` out of ``total`` with both figures and a note."""
+def bar_html(key: str, label: str, used: int, total: int, note: str = "") -> str:
+    """Return a horizontal bar of ``used`` out of ``total`` with both figures and a note, in a
+    div whose ``data-km-live`` and ``data-bytes`` let a page or test read it."""
     share = min(1.0, max(0.0, used / total)) if total > 0 else 0.0
     colour = ERROR if share > 0.9 else WARN if share > 0.7 else BRAND
     return (
+        f"<div class='kerasmagic-{key}' data-km-live='{key}' data-bytes='{used}'>"
         "<div style='display:flex;flex-wrap:wrap;align-items:center;gap:8px;font-family:monospace'>"
         f"<span style='width:4em'>{html.escape(label)}</span>"
         f"<span style='width:{WIDTH}px;height:12px;background:{TRACK};display:inline-block'>"
         f"<span style='width:{share * 100:.1f}%;height:12px;background:{colour};"
         "display:block'></span></span>"
         f"<span>{fmt_bytes(used)} / {fmt_bytes(total)} ({share:.0%})"
-        f"{' &middot; ' + html.escape(note) if note else ''}</span></div>"
+        f"{' &middot; ' + html.escape(note) if note else ''}</span></div></div>"
     )
 
 
@@ -121,8 +123,7 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
         with self.hold_sync():
             for record in monitor.history()[-SPARK_CELLS:]:
                 self.show_cell(record, monitor.verdict())
-            latest = monitor.latest()
-            if latest is not None:
+            if (latest := monitor.latest()) is not None:
                 self.show_snapshot(latest)
         self._monitor = monitor
         self._unsubscribe = monitor.subscribe(self._on_event)
@@ -138,13 +139,10 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
         if not works("ipywidgets.handle_msg"):  # moved (said once, by compat): theirs
             super()._handle_msg(msg)
             return
-        content = msg.get("content")
-        data = content.get("data") if isinstance(content, dict) else None
-        if not isinstance(data, dict):
-            return
-        state, method = data.get("state"), data.get("method")
-        binary = bool(data.get("buffer_paths"))  # JupyterLab sends [] with every update
         try:
+            data = msg["content"]["data"]
+            state, method = data.get("state"), data.get("method")
+            binary = bool(data.get("buffer_paths"))  # JupyterLab sends [] with every update
             if method == "request_state":
                 self.send_state()
             elif method == "update" and isinstance(state, dict) and not binary:
@@ -190,7 +188,10 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
             live_models=snap.keras.live_models,
             name_counter=snap.keras.name_counter,
         )
-        self._set_parts(bars=self._bars_html(snap), figures=self._figures_html())
+        self._parts.update(bars=self._bars_html(snap), figures=self._figures_html())
+        self.value = "".join(
+            f"<div class='kerasmagic-{k}'>{v}</div>" for k, v in self._parts.items()
+        )
 
     def show_cell(self, record: CellRecord, verdict: LeakVerdict) -> None:
         """Show a finished cell: its delta, the sparkline and the leak verdict."""
@@ -222,39 +223,31 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
             if getattr(self, name) != value:
                 setattr(self, name, value)
 
-    def _set_parts(self, **parts: str) -> None:
-        self._parts.update(parts)
-        self.value = "".join(
-            f"<div class='kerasmagic-{k}'>{v}</div>" for k, v in self._parts.items()
-        )
-
     def _bars_html(self, snap: MemorySnapshot) -> str:
         ram, lead, since = snap.ram, snap.headline, fmt_bytes(self.running_peak_rss_bytes)
         peaks = f"peak so far {since} (measuring the first cell…)"
         if self.last_cell is not None:
             peaks = f"peak: last cell {fmt_bytes(self.cell_peak_rss_bytes)}, since then {since}"
-        rss = _tagged("rss", ram.rss_bytes, bar_html("RSS", ram.rss_bytes, ram.total_bytes, peaks))
+        rss = bar_html("rss", "RSS", ram.rss_bytes, ram.total_bytes, peaks)
         if lead.what == "allocator":  # what runs out leads; NVML's reservation is named beside
             nvml = "NVML n/a" if lead.reserved_bytes is None else reserved_text(lead.reserved_bytes)
-            bar = bar_html(
-                lead.label, lead.used_bytes, lead.limit_bytes or max(lead.used_bytes, 1), nvml
-            )
-            return _tagged("lead", lead.used_bytes, bar) + rss
+            limit = lead.limit_bytes or max(lead.used_bytes, 1)
+            return bar_html("lead", lead.label, lead.used_bytes, limit, nvml) + rss
         label = LABELS.get(self.backend or "tensorflow", self.backend)  # nothing yet: TF's rows
         in_use, used, total = self.allocator_in_use_bytes, self.gpu_used_bytes, self.gpu_total_bytes
         if used is not None and total:
             note, reserved = f"{label} allocator n/a", fmt_bytes(self.allocator_reserved_bytes)
             if in_use is not None:
                 note = f"{label} in use {fmt_bytes(in_use)} of {reserved}"
-            return rss + _tagged("vram", used, bar_html("VRAM", used, total, note))
+            return rss + bar_html("vram", "VRAM", used, total, note)
         vram = f"<div>VRAM: {html.escape(snap.gpu.message or snap.gpu.status)}</div>"
         if in_use is None:
             return rss + vram
         missed = [d.uncounted for d in snap.backend.devices if d.uncounted] if snap.backend else []
-        note = f" ({missed[0]})" if missed else ""  # the figure misses small tensors: say so
-        tensors = f"<div>{html.escape(label)} tensors in use: {fmt_bytes(in_use)}"
-        tensors += f"{html.escape(note)}</div>"
-        return rss + vram + _tagged("allocator", in_use, tensors)
+        note = html.escape(f" ({missed[0]})") if missed else ""  # it misses small tensors: say so
+        tag = f"class='kerasmagic-allocator' data-km-live='allocator' data-bytes='{in_use}'"
+        tensors = f"<div>{html.escape(label)} tensors in use: {fmt_bytes(in_use)}{note}</div>"
+        return f"{rss}{vram}<div {tag}>{tensors}</div>"
 
     def _figures_html(self) -> str:
         """The graph and Keras figures this snapshot has: one not read is left out, not shown
@@ -280,8 +273,3 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
 def _known(*figures: tuple[int | None, str]) -> str:
     """Join the figures that were read (``"3 live, name counter 12"``), skipping None."""
     return ", ".join(text.format(value) for value, text in figures if value is not None)
-
-
-def _tagged(key: str, value: int, inner: str) -> str:
-    """Wrap a bar in a div whose ``data-km-live``/``data-bytes`` let a page or test read it."""
-    return f"<div class='kerasmagic-{key}' data-km-live='{key}' data-bytes='{value}'>{inner}</div>"
