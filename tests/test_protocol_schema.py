@@ -19,15 +19,17 @@ from kerasmagic.live import get_monitor
 from kerasmagic.oom.explain import report as explain_oom
 from kerasmagic.probes import largest_variables, nvml
 from kerasmagic.snapshot import take_snapshot
-from kerasmagic.views.protocol import WIRE, fields, typescript
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "labextension"))
+from wire import WIRE, fields, typescript  # noqa: E402  (labextension/wire.py, a build script)
+
 WIRE_TS = ROOT / "labextension" / "src" / "wire.ts"
 
 
 def test_the_committed_typescript_types_are_the_generated_ones() -> None:
     """The hand-written types had drifted (no 'stale' GPU status, no process_note, backends or
-    keras_backend): run `python -m kerasmagic.views.protocol > labextension/src/wire.ts`."""
+    keras_backend): run `python labextension/wire.py > labextension/src/wire.ts`."""
     assert WIRE_TS.read_text() == typescript()
 
 
