@@ -1,8 +1,9 @@
 """Know before fit: a fit's peak predicted from small fits, and the largest batch that fits.
 
 ``predict_fit`` runs the user's own fit (same data, validation, shuffle) for a few steps at an
-eighth and (twice) half the batch, reads the allocator's peak of each phase (around the steps,
-train steps, validation steps), and extends each phase's line through them to the full batch:
+eighth and half the batch (each twice), reads the allocator's peak of each phase (around the
+steps, train steps, validation steps) over what it began with, and extends each phase's line
+through them to the full batch:
 what a fit holds whatever its batch (weights, optimizer slots, the data ``fit`` converts) and
 what grows with it (activations, prefetched batches) are measured, not modelled. A probe runs
 only where the probes so far leave room for it below the device's limit, so a prediction never
@@ -365,8 +366,8 @@ def predict_fit(
     ``keras.utils.PyDataset``; a dataset's own batch is the batch predicted) and says in one
     line: the peak on the device, its limit (``limit_mb`` replaces it), whether the fit stays
     within ``margin`` of it and the largest batch that does. ``callbacks`` are not run: they are
-    only named as what the prediction cannot see. Costs about three and a half full-size steps
-    and a trace; never runs out of memory itself; leaves the model as it came.
+    only named as what the prediction cannot see. Costs about five full-size steps and five
+    traces; never runs out of memory itself; leaves the model as it came.
     """
     _check(model, margin, limit_mb, "predict_fit")
     batch, probe_args, notes = _fit_inputs(x, y, batch_size, validation_data, validation_batch_size)
@@ -573,14 +574,15 @@ def _quiet() -> Iterator[None]:
         tf_log.setLevel(level)
 
 
-Phases = tuple[int, int, int]  # a fit's peaks: around its steps (data, epoch), train, validation
+Phases = tuple[int, int, int, int, int]  # a fit's peaks: around its steps (data, epoch), train,
+# validation; and what was in use as the train and the validation phases began
 
 
 def _probe(
     model: Any, meter: Meter, batch: int, args: ProbeArgs
-) -> tuple[dict[int, Phases], int | None]:
-    """Run the probes that have room; return their phases' peaks (the trace's at batch 0) and
-    the batch that ran out, if any."""
+) -> tuple[dict[int, list[Phases]], int | None]:
+    """Run the probes that have room; return each run's phases' peaks by batch (the trace's at
+    batch 0) and the batch that ran out, if any."""
     warm = max(1, batch // 64)  # traces, builds the metrics: its peak only bounds the next
     targets = sorted({max(1, batch // share) for share in SHARES} - {batch})
     gc.collect()
@@ -589,23 +591,21 @@ def _probe(
     first = _fit_peak(model, meter, warm, args, steps=1)
     if first is None:
         return {}, warm
-    phases: dict[int, Phases] = {0: first}  # the trace's own peak: a floor, as fit traces too
+    phases = {0: [first]}  # the trace's own peak: a floor, as fit traces too
     room = int(meter.limit_bytes * ROOM)
-    # Each target in as many steps as the room allows; the largest twice: where its tensors
-    # land in the allocator's free chunks varies from fit to fit, and an allocator keeps a
-    # chunk less than twice a tensor's size whole for it.
-    for target in (*targets, *targets[-1:]):
+    # Each target in as many steps as the room allows, twice: where its tensors land in the
+    # allocator's free chunks varies from fit to fit, and an allocator keeps a chunk less than
+    # twice a tensor's size whole for it.
+    for target in (*targets, *targets):
         while True:
-            probed = {b: max(p) for b, p in phases.items() if b}
+            probed = {b: max(map(max, runs)) for b, runs in phases.items() if b}
             size = _room({0: held, **(probed or {warm: max(first)})}, target, room)
             if size is None:
                 return phases, None
             measured = _fit_peak(model, meter, size, args, steps=PROBE_STEPS)
             if measured is None:
                 return phases, size
-            old = phases.get(size, (0, 0, 0))
-            phases[size] = (max(old[0], measured[0]), max(old[1], measured[1]),
-                            max(old[2], measured[2]))  # fmt: skip
+            phases.setdefault(size, []).append(measured)
             if size == target:
                 break
     return phases, None
@@ -634,22 +634,27 @@ def _fit_peak(model: Any, meter: Meter, batch: int, args: ProbeArgs, steps: int)
 
     Read apart, a phase's peak grows with the batch as a line: the peak of the whole fit is the
     larger of what is fixed (converting the data) and what grows (steps), and at small batches
-    the fixed part hides the growing one.
+    the fixed part hides the growing one. The train and validation phases also say what was in
+    use as they began: whether ``fit`` copied the data into the allocator, and into how large a
+    chunk, varies from fit to fit (the same fit held 0, 25 or 42 MB more), so a phase's growth
+    is read over its own start.
     """
     gc.collect()
     meter.reset()
-    phases = [0, 0, 0]
+    phases = [0, 0, 0, 0, 0]
 
-    def read(phase: int) -> None:
+    def read(phase: int, begins: int = 0) -> None:
         phases[phase] = max(phases[phase], meter.peak())
         meter.reset()
+        if begins:  # just reset: the peak is what is in use
+            phases[begins] = max(phases[begins], meter.peak())
 
-    hooks = {"on_train_begin": 0, "on_train_batch_end": 1, "on_test_begin": 0,
-             "on_test_batch_end": 2}  # fmt: skip
+    hooks = {"on_train_begin": (0, 3), "on_train_batch_end": (1, 0), "on_test_begin": (0, 4),
+             "on_test_batch_end": (2, 0)}  # fmt: skip
     base = _callback_class(model)
     reader = type("PhasePeaks", (base,), {
-        name: functools.partialmethod(lambda self, phase, *_, **__: read(phase), phase)
-        for name, phase in hooks.items()
+        name: functools.partialmethod(lambda self, at, *_, **__: read(*at), at)
+        for name, at in hooks.items()
     })()  # fmt: skip
     try:
         model.fit(**args(batch), epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[reader])
@@ -658,7 +663,7 @@ def _fit_peak(model: Any, meter: Meter, batch: int, args: ProbeArgs, steps: int)
             raise
         return None
     read(0)
-    return phases[0], phases[1], phases[2]
+    return phases[0], phases[1], phases[2], phases[3], phases[4]
 
 
 def _callback_class(model: Any) -> type:
@@ -670,18 +675,20 @@ def _callback_class(model: Any) -> type:
 
 
 def _predicted(
-    phases: Mapping[int, Phases], batch: int, meter: Meter, margin: float,
+    phases: Mapping[int, list[Phases]], batch: int, meter: Meter, margin: float,
     notes: tuple[str, ...], seconds: float,
 ) -> FitPrediction:  # fmt: skip
     """Extend each phase's line through the smallest and largest probes to ``batch``.
 
     Through the two ends, not the two largest: each probe's peak varies, and the nearer two
-    points are, the more a line through them multiplies that. What is fixed (converting the
-    data, the trace at batch 0) is the largest measured.
+    points are, the more a line through them multiplies that. A tensor handed a larger chunk
+    only ever adds, so the line's slope is read through each end's lowest run and starts at the
+    largest probe's highest. What is fixed (converting the data, the trace at batch 0) is the
+    largest measured, and so is what a phase begins with.
     """
     budget = int(meter.limit_bytes * margin)
     sizes = sorted(b for b in phases if b)
-    probes = tuple((b, max(phases[b])) for b in sizes)
+    probes = tuple((b, max(map(max, phases[b]))) for b in sizes)
     base = FitPrediction(batch, meter.device, None, limit_bytes=meter.limit_bytes,
                 margin=margin, probes=probes, seconds=seconds, notes=notes)  # fmt: skip
     if len(sizes) < 2:
@@ -689,15 +696,17 @@ def _predicted(
         why = "a batch under 4 is as small as a probe: run it" if batch < 4 else why
         return replace(base, message=_wrapped(f"kerasmagic: cannot predict the fit of batch "
                                               f"{batch} on {meter.device}: {why}"))  # fmt: skip
-    fixed = max(max(p) if b == 0 else p[0] for b, p in phases.items())
+    fixed = max(max(p) if b == 0 else p[0] for b, runs in phases.items() for p in runs)
     small, large = sizes[0], sizes[-1]
     peak, largest = fixed, None if fixed > budget else 10**9
-    for phase in (1, 2):
-        p1, p2 = phases[small][phase], phases[large][phase]
-        slope = max(0.0, (p2 - p1) / (large - small))
-        peak = max(peak, int(p2 + slope * (batch - large)), p2)
+    for phase in (1, 2):  # from the most a phase began with, as it grew over its start
+        start = max(p[phase + 2] for runs in phases.values() for p in runs)
+        grew = {b: [p[phase] - p[phase + 2] for p in phases[b]] for b in (small, large)}
+        slope = max(0.0, (min(grew[large]) - min(grew[small])) / (large - small))
+        top = start + max(grew[large])
+        peak = max(peak, int(top + slope * (batch - large)), top)
         if largest is not None and slope > 0:  # named with the probes' worst case, as they ran
-            largest = min(largest, int(large + (budget * NAMED - p2) / (GROWTH * slope)))
+            largest = min(largest, int(large + (budget * NAMED - top) / (GROWTH * slope)))
     largest = None if largest is None or largest < 1 or largest == 10**9 else largest
     fits = peak <= budget
     verdict = "fits" if fits else f"too big for {margin:.0%} of it"
