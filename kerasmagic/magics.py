@@ -23,7 +23,7 @@ from kerasmagic.backends import configure_gpus, reset_peaks
 from kerasmagic.cells import run as runner
 from kerasmagic.cells.rebinding import rebound_now
 from kerasmagic.cells.run import compile_cell, no_result, transformed_body
-from kerasmagic.cleanup import MAX_MB, last_report, pin_mmap_threshold, report_text, reset
+from kerasmagic.cleanup import MAX_MB, clean, last_report, pin_mmap_threshold, report_text
 from kerasmagic.cleanup.holders import live_models
 from kerasmagic.compat import check_now, registry
 from kerasmagic.interrupts.held import held_interrupts
@@ -310,14 +310,14 @@ class KerasMagics(Magics):
         with held_interrupts() as held:
             compiled = compile_cell(self.ip, transformed_body(self.ip, cell), header)
             keep = keep_names(args.keep, self.ip.user_ns, compiled.assigned)
-            report = reset(
+            report = clean(
+                self.shell,
                 self.ip.user_ns,
                 rebinding=rebound_now(self.ip.user_ns, compiled.rebinding),
                 keep=keep,
                 drop_all=args.drop_all,
                 dry_run=args.dry_run,
                 patch_stack_traces=self.patch_stack_traces,
-                shell=self.shell,
             )
         held.deliver()
         if args.dry_run:

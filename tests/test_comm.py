@@ -24,7 +24,7 @@ from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 from tornado.ioloop import IOLoop
 
-from kerasmagic.cleanup import CleanupReport, reset
+from kerasmagic.cleanup import CleanupReport, clean
 from kerasmagic.cleanup.holders import DeepScan, deep_scan
 from kerasmagic.live import get_monitor
 from kerasmagic.snapshot import SCHEMA_VERSION, MemorySnapshot
@@ -477,9 +477,9 @@ def test_free_requests_sent_together_share_one_cleanup_and_each_gets_its_reply(
     cleanup, 50 clicks blocking the kernel for 50 cleanups."""
     runs = []
 
-    def counted(namespace: Any, **kwargs: Any) -> CleanupReport:
+    def counted(shell: Any, namespace: Any, **kwargs: Any) -> CleanupReport:
         runs.append(threading.current_thread() is threading.main_thread())
-        return reset(namespace, **kwargs)
+        return clean(shell, namespace, **kwargs)
 
     with own_sidebar(shell, manager, cleanup=counted) as opened:
         ids = [f"free-{i}" for i in range(50)]

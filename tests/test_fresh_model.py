@@ -61,6 +61,21 @@ def test_model_in_output_cache_is_dropped(
     assert f"Out[{n}]" in capsys.readouterr().out
 
 
+def test_reset_of_the_notebooks_own_namespace_cuts_its_output_cache(kip: InteractiveShell) -> None:
+    """``reset(globals())`` in a notebook is ``reset()``: the shell whose namespace it is has
+    its output cache cut; a namespace of its own leaves the shell's alone."""
+    import kerasmagic
+
+    run(kip, "build()")
+    n = kip.execution_count - 1
+    held = weakref.ref(kip.user_ns["Out"][n])
+    assert "shell" not in __import__("inspect").signature(kerasmagic.reset).parameters
+    kerasmagic.reset({})
+    assert held() is not None and n in kip.user_ns["Out"]
+    run(kip, "import kerasmagic\nkerasmagic.reset(globals())")
+    assert held() is None and n not in kip.user_ns["Out"]
+
+
 def test_model_behind_older_underscores_is_dropped(kip: InteractiveShell) -> None:
     run(kip, "build()")
     first = weakref.ref(kip.user_ns["_"])

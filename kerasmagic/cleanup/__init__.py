@@ -45,23 +45,42 @@ def reset(
     drop_all: bool = False,
     dry_run: bool = False,
     patch_stack_traces: bool = True,
-    shell: Any | None = None,
 ) -> CleanupReport:
     """Free stale Keras models and TensorFlow state; return what was done.
 
     ``namespace`` defaults to IPython's user namespace (or nothing outside IPython). Stale
     means: models under ``rebinding`` names (or every model with ``drop_all``), and models held
-    only by IPython's output cache, stored tracebacks or callbacks. Names in ``keep`` survive.
-    A Ctrl-C during the cleanup is held until it is complete, then raised.
+    only by IPython's output cache, stored tracebacks or callbacks (where ``namespace`` is the
+    running shell's). Names in ``keep`` survive. A Ctrl-C during the cleanup is held until it
+    is complete, then raised.
     """
+    shell = holders.ipython_shell()
+    if namespace is None:
+        namespace = getattr(shell, "user_ns", {})
+    elif namespace is not getattr(shell, "user_ns", None):
+        shell = None
+    return clean(shell, namespace, rebinding=rebinding, keep=keep, drop_all=drop_all,
+                 dry_run=dry_run, patch_stack_traces=patch_stack_traces)  # fmt: skip
+
+
+def clean(
+    shell: Any | None,
+    namespace: MutableMapping[str, Any],
+    *,
+    rebinding: Iterable[str] = (),
+    keep: Iterable[str] = (),
+    drop_all: bool = False,
+    dry_run: bool = False,
+    patch_stack_traces: bool = True,
+) -> CleanupReport:
+    """``reset()`` of ``namespace`` with ``shell``'s own holders (None: none), as
+    ``%%fresh_model`` and the sidebar's "Free memory" run it."""
     with held_interrupts() as held:
         start = time.perf_counter()
-        user_shell = holders.ipython_shell() if shell is None and namespace is None else shell
-        check_now(user_shell)  # what is off in the frameworks imported now, said once
-        ns = namespace if namespace is not None else getattr(user_shell, "user_ns", {})
+        check_now(shell)  # what is off in the frameworks imported now, said once
         report = run_steps(  # no local here holds the plan: run_steps lets it go in time
             holders.plan_cleanup(
-                ns, rebinding=rebinding, keep=keep, drop_all=drop_all, shell=user_shell
+                namespace, rebinding=rebinding, keep=keep, drop_all=drop_all, shell=shell
             ),
             patch_stack_traces,
             start,

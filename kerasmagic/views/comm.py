@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kerasmagic._version import __version__
-from kerasmagic.cleanup import CleanupReport, reset
+from kerasmagic.cleanup import CleanupReport, clean
 from kerasmagic.cleanup.holders import DeepScan, deep_scan
 from kerasmagic.compat import hosted, sidebar_installed
 from kerasmagic.compat.probes import find_comm_manager as comm_manager
@@ -97,7 +97,7 @@ class Sidebar:
         shell: Any,
         magics: Any,
         monitor: LiveMonitor | None,
-        cleanup: Cleanup = reset,
+        cleanup: Cleanup = clean,
         scan: Scan = deep_scan,
     ) -> None:
         self._shell, self._magics, self._monitor = shell, magics, monitor
@@ -262,7 +262,7 @@ class Sidebar:
         namespace = self._shell.user_ns
         patch = bool(getattr(self._magics, "patch_stack_traces", True))
         before = take_snapshot(namespace)
-        report = self._cleanup(namespace, shell=self._shell, patch_stack_traces=patch)
+        report = self._cleanup(self._shell, namespace, patch_stack_traces=patch)
         self._freed_since = True
         self._last_push_s = float("-inf")  # the refresh below is pushed at once
         after = take_snapshot(namespace) if self._monitor is None else self._monitor.refresh()
