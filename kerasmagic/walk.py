@@ -13,6 +13,8 @@ through what the C types expose to the collector (``gc.get_referents``). Per cel
 (``GlobalReads``, for the rebinding rule). On demand: what kept names reach (``reachable``),
 paths to a holder (``paths_to``), what a rebound name holds (``models_under``, ``strip``), what
 a model reaches (``own_objects``) and owns through Keras's guarded API (``owned``, ``held_by``).
+Paths to a holder, what a rebound name holds, what a model reaches, the ``tf.function`` search
+and a tensor's upstream graph all walk down through ``descend``, each with its own children.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import re
 import sys
 import types as pytypes
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -193,6 +195,7 @@ _SHARED = (type, pytypes.ModuleType, pytypes.FrameType, pytypes.CodeType)
 _WEAK = (weakref.ref, weakref.ProxyType, weakref.CallableProxyType)
 OPAQUE: tuple[type, ...] = (*_SHARED, *_ROUTINES, pytypes.TracebackType, *_WEAK)
 CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
+_ITEM_FORMATS: dict[Any, str] = {list: "[{}]", tuple: "[{}]", set: "{{{}}}", frozenset: "{{{}}}"}
 _PLAIN_KEYS = frozenset({str, int, float, bool, bytes, type(None)})
 _MODULE_DICT: Any = vars(pytypes.ModuleType)["__dict__"]  # past a subclass's own __dict__
 _CLASS_DICT: Any = vars(type)["__dict__"]  # a class's own dict, past a metaclass's
@@ -211,20 +214,16 @@ def items_of(obj: Any, limit: int = NEAR_ITEMS) -> list[tuple[str, Any]] | None:
     """Return ``[(suffix, item)]`` of a list, tuple, dict, set (subclasses too) or NumPy array of
     objects without calling their Python-level methods, or None if ``obj`` is none of those."""
     kind = type(obj)
-    if issubclass(kind, list):
-        return [(f"[{i}]", v) for i, v in enumerate(islice(list.__iter__(obj), limit))]
-    if issubclass(kind, tuple):
-        return [(f"[{i}]", v) for i, v in enumerate(islice(tuple.__iter__(obj), limit))]
     if issubclass(kind, dict):
         return [(f"[{safe_key(k)}]", v) for k, v in islice(dict.items(obj), limit)]
-    if issubclass(kind, (set, frozenset)):
-        it = set.__iter__(obj) if issubclass(kind, set) else frozenset.__iter__(obj)
-        return [(f"{{{i}}}", v) for i, v in enumerate(islice(it, limit))]
-    array = object_array(obj)
-    if array is None:
+    base = next((b for b in _ITEM_FORMATS if issubclass(kind, b)), None)
+    if base is not None:
+        items, fmt = base.__iter__(obj), _ITEM_FORMATS[base]
+    elif (array := object_array(obj)) is not None:
+        items, fmt = array.flat, "[{}]" if array.ndim == 1 else ".flat[{}]"
+    else:
         return None
-    flat = "[{}]" if array.ndim == 1 else ".flat[{}]"
-    return [(flat.format(i), v) for i, v in enumerate(islice(array.flat, limit))]
+    return [(fmt.format(i), v) for i, v in enumerate(islice(items, limit))]
 
 
 def object_array(obj: Any) -> Any:
@@ -278,14 +277,6 @@ def _cells(fn: pytypes.FunctionType) -> Iterator[Any]:
             continue
 
 
-def function_refs(fn: Any, limit: int = NEAR_ITEMS) -> list[tuple[str, Any]]:
-    """Return what a function reaches when it runs: the globals its code names (``→name``) and
-    its closure's contents (``→<closure>``)."""
-    names = islice(fn.__code__.co_names, limit)
-    out = [(f"→{name}", fn.__globals__[name]) for name in names if name in fn.__globals__]
-    return out + [("→<closure>", content) for content in _cells(fn)]
-
-
 def module_dicts() -> dict[int, str]:
     """Return ``{id(module.__dict__): name}`` for the imported modules (lazy ones included,
     without running their code)."""
@@ -296,20 +287,43 @@ def module_dicts() -> dict[int, str]:
     }
 
 
+def descend(
+    roots: Iterable[tuple[str, Any]],
+    children: Callable[[Any], Iterable[tuple[str, Any]]],
+    depth: float,
+    seen: set[int] | None = None,
+    limit: int = 0,
+) -> Iterator[tuple[str, Any]]:
+    """The one walk down from holders to what they hold: yield ``(path, object)`` for each of
+    the ``(path, object)`` roots and, depth first and in order, what ``children(object)``
+    gives (``[(suffix, child)]``), up to ``depth`` levels down. With ``seen`` (ids), each
+    object once, and none past ``limit`` objects seen."""
+    stack = [(path, obj, 0) for path, obj in reversed(list(roots))]
+    while stack:
+        path, obj, level = stack.pop()
+        if seen is not None:
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if len(seen) > limit:
+                return
+        yield path, obj
+        if level < depth:
+            stack.extend((path + s, c, level + 1) for s, c in reversed(list(children(obj))))
+
+
 def closure_objects(obj: Any, depth: int, containers: bool = False) -> Iterator[Any]:
     """Yield ``obj`` and what it holds ``depth`` levels down: a Python function's closure
     contents and, with ``containers``, the items of lists, tuples, dicts and sets (TF's gradient
     functions close over their graph's tensors; Keras's ``train_function`` over a
     ``tf.function``: found by reading closure cells, never by calling anything)."""
-    yield obj
-    if depth <= 0:
-        return
-    if type(obj) is pytypes.FunctionType:
-        inner: Iterable[Any] = _cells(obj)
-    else:
-        inner = [item for _, item in items_of(obj) or ()] if containers else ()
-    for item in inner:
-        yield from closure_objects(item, depth - 1, containers)
+
+    def inside(item: Any) -> Iterable[tuple[str, Any]]:
+        if type(item) is pytypes.FunctionType:
+            return [("", cell) for cell in _cells(item)]
+        return (items_of(item) or ()) if containers else ()
+
+    return (found for _, found in descend([("", obj)], inside, depth))
 
 
 # -- the near walk: per cell, from the names, two levels into their containers ------------------
@@ -347,29 +361,28 @@ class NearWalks:
         walked = self._walks[id(obj)][1]
         return [(path + s, o) for s, o, link in walked if not link and is_a(o, types)]
 
-    def callbacks(self, path: str, obj: Any) -> list[tuple[str, Any]]:
-        """Return ``(path, callback)`` for the callbacks in ``obj`` and its containers."""
-        return self.state(path, obj, self._callbacks)
-
 
 def instances_near(namespace: Mapping[str, Any], cls: type) -> list[tuple[str, Any]]:
     """Return ``(first path, object)`` for each instance of ``cls`` bound to a user name or one
     level in: a container's item, an instance's attribute, what a function names or closes
     over (a ``tf.function`` a training helper calls)."""
-    found: dict[int, tuple[str, Any]] = {}
-    for name in [n for n in list(namespace) if is_user_name(n)]:
-        value = namespace.get(name)
+
+    def inside(value: Any) -> Iterable[tuple[str, Any]]:
         if issubclass(type(value), cls):
-            found.setdefault(id(value), (name, value))
-            continue
-        if type(value) is pytypes.FunctionType:
-            inside = function_refs(value)
-        else:  # an instance's attributes through the C slot: no property or __getattr__ runs
-            attrs = dict.items(instance_dict(value) or {})
-            inside = items_of(value) or [(f".{key}", item) for key, item in attrs]
-        for suffix, item in inside:
-            if issubclass(type(item), cls):
-                found.setdefault(id(item), (name + suffix, item))
+            return ()
+        if type(value) is pytypes.FunctionType:  # the globals its code names, its closure
+            names = islice(value.__code__.co_names, NEAR_ITEMS)
+            named = [(f"→{n}", value.__globals__[n]) for n in names if n in value.__globals__]
+            return named + [("→<closure>", content) for content in _cells(value)]
+        # an instance's attributes through the C slot: no property or __getattr__ runs
+        attrs = dict.items(instance_dict(value) or {})
+        return items_of(value) or [(f".{key}", item) for key, item in attrs]
+
+    roots = [(name, namespace.get(name)) for name in list(namespace) if is_user_name(name)]
+    found: dict[int, tuple[str, Any]] = {}
+    for path, obj in descend(roots, inside, 1):
+        if issubclass(type(obj), cls):
+            found.setdefault(id(obj), (path, obj))
     return list(found.values())
 
 
@@ -445,7 +458,7 @@ class GlobalReads:
         self.followed: set[str] = set()  # namespace names whose values were walked
         self.seen: set[int] = {id(ns), *module_dicts()}  # functions' globals: not walked
         self.models = model_types()
-        self.visits = 0
+        self.limit = len(self.seen) + READS_VISITS
         self.owned: dict[type, bool] = {}
 
     def add(self, used: Iterable[str]) -> None:
@@ -467,8 +480,7 @@ class GlobalReads:
             if id(obj) in self.seen:
                 continue
             self.seen.add(id(obj))
-            self.visits += 1
-            if self.visits > READS_VISITS:
+            if len(self.seen) > self.limit:
                 raise TooMuch
             kind = type(obj)
             if kind is pytypes.FunctionType and obj.__globals__ is self.ns:
@@ -579,9 +591,9 @@ def reachable(
     method leads to its object (``predict = trainer.predict`` keeps the trainer).
     """
     seen: set[int] = {id(obj) for obj in skip}
+    limit = len(seen) + max_visits
     found: dict[int, Any] = {}
     met: list[tuple[str, Any]] = []
-    visits = 0
     tracked, referents = gc.is_tracked, gc.get_referents  # the loop runs per object
     ndarray = getattr(sys.modules.get("numpy"), "ndarray", None)
     arrays = frozenset({ndarray}) if isinstance(ndarray, type) else frozenset()
@@ -596,8 +608,7 @@ def reachable(
                 if key in seen:
                     continue
                 seen.add(key)
-                visits += 1
-                if visits > max_visits:
+                if len(seen) > limit:
                     complete = False
                     break
                 kind = type(obj)
@@ -643,44 +654,36 @@ def paths_to(
     a holder deeper than the near walk looks (``log['runs'][3]['history'].model``), through
     containers, the user's objects, bound methods and callbacks' ``.model`` links; not into
     ``models`` nor past ``PATH_DEPTH``."""
+
+    def inside(obj: Any) -> Iterable[tuple[str, Any]]:
+        if is_a(obj, models):
+            return ()
+        if type(obj) is pytypes.MethodType:  # predict = model.predict keeps its model
+            return [(".__self__", obj.__self__)]
+        if is_a(obj, callbacks):
+            model = callback_model(obj)
+            return () if model is None else [(".model", model)]
+        return contents(obj)
+
     found: dict[int, str] = {}
-    seen: set[int] = set()
-    for name, value in roots:
-        stack: list[tuple[str, Any, int]] = [(name, value, 0)]
-        while stack and len(found) < len(targets):
-            path, obj, depth = stack.pop()
-            if id(obj) in seen:
-                continue
-            seen.add(id(obj))
-            if len(seen) > PATH_VISITS:
-                return found
-            if id(obj) in targets:
-                found[id(obj)] = path
-            if depth >= PATH_DEPTH or is_a(obj, models):
-                continue
-            if type(obj) is pytypes.MethodType:  # predict = model.predict keeps its model
-                children = [(".__self__", obj.__self__)]
-            elif is_a(obj, callbacks):
-                model = callback_model(obj)
-                children = [] if model is None else [(".model", model)]
-            else:
-                children = contents(obj)
-            stack.extend((path + sfx, child, depth + 1) for sfx, child in reversed(children))
+    for path, obj in descend(roots, inside, PATH_DEPTH, set(), PATH_VISITS):
+        if id(obj) in targets:
+            found[id(obj)] = path
+            if len(found) == len(targets):
+                break
     return found
 
 
-def models_under(
-    path: str, obj: Any, types: tuple[type, ...], depth: int = 0
-) -> Iterator[tuple[str, Any]]:
-    """Yield ``(path, model)`` for the models ``strip`` would reach from ``obj``: a rebound
+def models_under(path: str, obj: Any, types: tuple[type, ...]) -> list[tuple[str, Any]]:
+    """Return ``(path, model)`` for the models ``strip`` would reach from ``obj``: a rebound
     name's containers and user objects may hold old models several levels down
     (``runs[fold]["model"]``, ``trainer.model``). Both read ``contents``, ``REBOUND_DEPTH``
     levels, so what a report names as dropped is what is cut."""
-    if is_a(obj, types):
-        yield path, obj
-    elif depth < REBOUND_DEPTH:
-        for suffix, item in contents(obj):
-            yield from models_under(path + suffix, item, types, depth + 1)
+
+    def inside(item: Any) -> Iterable[tuple[str, Any]]:
+        return () if is_a(item, types) else contents(item)
+
+    return [(p, o) for p, o in descend([(path, obj)], inside, REBOUND_DEPTH) if is_a(o, types)]
 
 
 def strip(obj: Any, types: tuple[type, ...], kept: frozenset[int], depth: int = 0) -> Any:
@@ -734,16 +737,14 @@ def own_objects(obj: Any, modules: Mapping[int, str]) -> set[int]:
     """Return the ids of what ``obj`` reaches, functions included, not going into modules
     (``modules``: the ids of their dicts), classes, code or frames, which everything shares: a
     referrer in there is part of the model (its layers, traced functions), not a holder."""
-    seen = {id(obj)}
-    stack = [obj]
-    while stack and len(seen) < OWN_VISITS:
-        for ref in gc.get_referents(stack.pop()):
-            key = id(ref)
-            if key in seen or key in modules or not gc.is_tracked(ref):
-                continue
-            if not issubclass(type(ref), _SHARED):
-                seen.add(key)
-                stack.append(ref)
+
+    def inside(item: Any) -> Iterable[tuple[str, Any]]:
+        refs = filter(gc.is_tracked, gc.get_referents(item))
+        return [("", r) for r in refs if id(r) not in modules and not issubclass(type(r), _SHARED)]
+
+    seen: set[int] = set()
+    for _ in descend([("", obj)], inside, math.inf, seen, OWN_VISITS):
+        pass
     return seen
 
 
@@ -807,22 +808,16 @@ def upstream_layers(tensor: Any) -> list[Any]:
     layer, node_index = keras_history(tensor)
     if layer is None:
         return []
-    start = None
+    start = []
     if works("keras.outbound_nodes"):  # moved: said once, by compat; the layer alone
-        start = guarded(lambda: layer._inbound_nodes[node_index], None)
-    layers: dict[int, Any] = {id(layer): layer}
-    todo = [start] if start is not None else []
-    seen: set[int] = set()
-    while todo and len(seen) < MAX_NODES:
-        node = todo.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        op = getattr(node, "operation", None) or getattr(node, "layer", None)
-        if op is not None:
-            layers.setdefault(id(op), op)
-        todo.extend(guarded(lambda n=node: list(n.parent_nodes), []))
-    return list(layers.values())
+        start = [("", guarded(lambda: layer._inbound_nodes[node_index], None))]
+
+    def parents(node: Any) -> Iterable[tuple[str, Any]]:
+        return [("", parent) for parent in guarded(lambda: list(node.parent_nodes), [])]
+
+    nodes = descend(start, parents, MAX_NODES, set(), MAX_NODES)
+    ops = (getattr(node, "operation", None) or getattr(node, "layer", None) for _, node in nodes)
+    return list({id(op): op for op in (layer, *ops) if op is not None}.values())
 
 
 def _layers_held(obj: Any, kind: str | None, operations: bool = False) -> list[Any]:

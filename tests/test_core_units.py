@@ -293,6 +293,6 @@ def test_a_plan_walks_each_object_near_the_namespace_once(monkeypatch: Any) -> N
     walks = near.NearWalks((_Callback,))
     for path in ("runs", "Out[3]", "_3", "_"):
         assert walks.state(path, runs, (_Model,)) == [(f"{path}['cv'][0]", model)]
-        assert walks.callbacks(path, runs) == [(f"{path}['cv'][1]", callback)]
+        assert walks.state(path, runs, (_Callback,)) == [(f"{path}['cv'][1]", callback)]
     assert walked == [id(runs)]
     assert list(real("runs", runs, (_Callback,)))[-1] == ("runs['cv'][1].model", linked, True)

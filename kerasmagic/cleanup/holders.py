@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import gc
 import inspect
 import re
@@ -23,6 +22,7 @@ import sys
 import types as pytypes
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from kerasmagic import walk as state
@@ -61,10 +61,8 @@ class Plan:
         """Return whether a kept name holds ``obj``, or kept state owns it (a shared layer)."""
         if id(obj) in self.held:
             return True
-        kind = self.types.kind(type(obj))
-        if kind in (None, "callback"):
-            return False  # a model counts: one nested in a kept model is that model's
-        return self.owned_by_kept().holds(obj, kind)
+        kind = self.types.kind(type(obj))  # a model counts: one nested in a kept model is its
+        return kind not in (None, "callback") and self.owned_by_kept().holds(obj, kind)
 
     def owned_by_kept(self) -> state.Owned:
         """Return what the kept state owns, read through Keras once, when first needed."""
@@ -72,13 +70,11 @@ class Plan:
             self._owned = state.owned(self.roots, self.types)
         return self._owned
 
-    def stale_of(self, found: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
-        """Keep the state of ``found`` that nothing kept holds: only that is worth a cut."""
-        return [(path, obj) for path, obj in found if not self.keeps(obj)]
-
     def found(self, path: str, value: Any) -> list[tuple[str, Any]]:
-        """The stale state in ``value`` and its containers (the near walk)."""
-        return self.stale_of(self.near.state(path, value, self.droppable))
+        """The stale state in ``value`` and its containers (the near walk): what nothing kept
+        holds, only that is worth a cut."""
+        found = self.near.state(path, value, self.droppable)
+        return [(path, obj) for path, obj in found if not self.keeps(obj)]
 
     def drop(self, label: str, found: list[tuple[str, Any]], act: Cut, watch: bool = True) -> None:
         """Cut with ``act`` if ``found`` holds stale state; ``watch`` it for the report."""
@@ -89,37 +85,32 @@ class Plan:
     def release_names(self, names: Iterable[str]) -> None:
         """Rebound names: unbound when bound to state, else stripped of the stale state."""
         for name in names:
-            value = self.ns.get(name)
-            found_all = list(state.models_under(name, value, self.droppable))
-            found = self.stale_of(found_all)
-            for path, obj in found_all:  # also held under a kept name, at any depth: it stays
-                if self.types.kind(type(obj)) == "model" and self.keeps(obj):
+            value, found = self.ns.get(name), []
+            for path, obj in state.models_under(name, value, self.droppable):
+                if not self.keeps(obj):
+                    found.append((path, obj))
+                elif self.types.kind(type(obj)) == "model":  # under a kept name too: it stays
                     self.kept.setdefault(id(obj), (f"{path} (also held by a kept name)", obj))
             if not found:
                 continue
             if state.is_a(value, self.droppable):
-                unbind = functools.partial(self.ns.pop, name, None)
-                self.actions.append((_label(name, value, self), unbind))
-            elif not self.complete:
+                self.drop(_label(name, value, self), found, partial(self.ns.pop, name, None))
+            elif self.complete:
+                more = f" (+{len(found) - 1})" if len(found) > 1 else ""
+                act = partial(_strip_name, self.ns, name, self.droppable, self.shared)
+                self.drop(f"{found[0][0]}{more}", found, act)
+            else:
                 self.notes.append(
                     f"kept names too large to scan: model state inside {name} not cut"
                 )
-                continue
-            else:
-                more = f" (+{len(found) - 1})" if len(found) > 1 else ""
-                act = functools.partial(_strip_name, self.ns, name, self.droppable, self.shared)
-                self.actions.append((f"{found[0][0]}{more}", act))
-            self.stale.update((id(o), (p, o)) for p, o in found)
 
     def release_output_cache(self) -> None:
-        out = self.ns.get("Out")
-        out = out if isinstance(out, dict) else {}
-        for key, value in list(out.items()):
+        out: Any = self.ns.get("Out")
+        for key, value in list(out.items()) if isinstance(out, dict) else ():
             label = f"Out[{key}]"
-            forget = functools.partial(_forget_output, self.ns, out, key)
-            self.drop(label, self.found(label, value), forget)
+            self.drop(label, self.found(label, value), partial(_forget_output, self.ns, out, key))
         for name in ("_", "__", "___"):
-            reset = functools.partial(self.ns.__setitem__, name, "")
+            reset = partial(self.ns.__setitem__, name, "")
             self.drop(name, self.found(name, self.ns.get(name)), reset)
 
     def release_tracebacks(self) -> None:
@@ -132,9 +123,9 @@ class Plan:
             found = [o for p, v in frame_locals(label, tb, self.ns) for o in self.found(p, v)]
             self.stale.update((id(o), (p, o)) for p, o in found)
             if found or oom:  # an OOM's is said once, below
-                self.actions.append(("" if oom else label, functools.partial(clear_frames, tb)))
+                self.actions.append(("" if oom else label, partial(clear_frames, tb)))
         if oom:
-            drop = functools.partial(drop_stored_errors, self.shell)
+            drop = partial(drop_stored_errors, self.shell)
             self.actions.append(("the stored out-of-memory error", drop))
 
     def cut_callback_links(self, deeper: Iterable[tuple[str, Any]]) -> None:
@@ -143,7 +134,7 @@ class Plan:
         by its root name past the search's reach."""
         found: dict[int, tuple[str, Any]] = {}  # one callback under many names: its first path
         for name in state.scan_order(self.ns):  # the user's names first
-            for path, obj in self.near.callbacks(name, self.ns.get(name)):
+            for path, obj in self.near.state(name, self.ns.get(name), self.types.callbacks):
                 found.setdefault(id(obj), (f"{path}.model", obj))
         close = len(found)
         for root, obj in deeper:
@@ -159,7 +150,7 @@ class Plan:
             model = state.callback_model(obj)
             if state.is_a(model, types.models) and id(model) not in self.held:
                 self.stale[id(model)] = (label, model)
-                self.actions.append((label, functools.partial(_cut_link, obj)))
+                self.actions.append((label, partial(_cut_link, obj)))
 
     def release_shell(self) -> None:
         """IPython keeps its own references: the display hook's ``_``s and the last result."""
@@ -168,18 +159,15 @@ class Plan:
         hook = getattr(shell, "displayhook", None)
         for name in ("_", "__", "___") if cache else ():
             found = self.found(name, getattr(hook, name, None))
-            self.drop(
-                f"displayhook.{name}", found, functools.partial(setattr, hook, name, ""), False
-            )
-        hidden = getattr(shell, "user_ns_hidden", None)  # push(interactive=False) copies _, _N
-        hidden = hidden if cache and isinstance(hidden, dict) else {}
-        for name, value in list(hidden.items()):
+            self.drop(f"displayhook.{name}", found, partial(setattr, hook, name, ""), False)
+        hidden: Any = getattr(shell, "user_ns_hidden", None)  # push(interactive=False) copies _, _N
+        for name, value in list(hidden.items()) if cache and isinstance(hidden, dict) else ():
             if re.fullmatch(r"_+|_\d+", name):
-                reset = functools.partial(hidden.__setitem__, name, "")
+                reset = partial(hidden.__setitem__, name, "")
                 self.drop(f"displayhook.{name}", self.found(name, value), reset, False)
         last = getattr(shell, "last_execution_result", None)
         found = self.found("last result", getattr(last, "result", None))
-        self.drop("last result", found, functools.partial(setattr, last, "result", None))
+        self.drop("last result", found, partial(setattr, last, "result", None))
 
 
 def _label(path: str, obj: Any, plan: Plan) -> str:
@@ -222,7 +210,7 @@ def _unlink_from_kept_layers(plan: Plan) -> None:
         count = sum(len(stale) for _, stale in cut)
         calls = "a layer" if count == 1 else f"{count} layers"
         plan.notes.append(f"unlinked {calls} no kept model uses from the graphs of kept models")
-        plan.unlinks.append(functools.partial(_remove_nodes, cut))
+        plan.unlinks.append(partial(_remove_nodes, cut))
 
 
 def _remove_nodes(found: list[tuple[list[Any], list[Any]]]) -> None:
@@ -386,18 +374,17 @@ def drop_stored_errors(shell: Any | None) -> bool:
     """Forget the stored error: ``sys.last_*``, the shell's last result's error and the
     traceback IPython's formatter keeps; return whether there was one (its frames keep the
     functions they ran even with their locals dropped)."""
-    found = False
-    for attr in ("last_type", "last_value", "last_traceback", "last_exc"):
-        if getattr(sys, attr, None) is not None:
-            found = True
-            setattr(sys, attr, None)
+    names = ("last_type", "last_value", "last_traceback", "last_exc")
+    stored = [attr for attr in names if getattr(sys, attr, None) is not None]
+    for attr in stored:
+        setattr(sys, attr, None)
     result: Any = getattr(shell, "last_execution_result", None)
     if getattr(result, "error_in_exec", None) is not None:
         result.error_in_exec = None
     formatter: Any = getattr(shell, "InteractiveTB", None)
     if getattr(formatter, "tb", None) is not None and works("ipython.traceback", shell):
         formatter.tb = None  # IPython's own "lingering reference" (ultratb's words)
-    return found
+    return bool(stored)
 
 
 # -- every live model and what holds it, on demand ----------------------------------------------
@@ -561,17 +548,15 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
     Freezer.thaw()
     gc.collect()
     models = state.live_model_objects(types)
-    owners: dict[int, str] = {}
+    owners: dict[int, list[str]] = {}
     for m in models:
         for layer in state.guarded(lambda m=m: list(m.layers), []):
             if state.is_a(layer, types):
-                owners[id(layer)] = f"layer of model '{m.name}'"
+                owners[id(layer)] = [f"layer of model '{m.name}'"]
     paths = holder_paths(namespace, models)
     out = []
     for m in models:
-        held = paths.get(id(m)) or (
-            [owners[id(m)]] if id(m) in owners else referrer_kinds(m, (models,))
-        )
+        held = paths.get(id(m)) or owners.get(id(m)) or referrer_kinds(m, (models,))
         size = int(state.guarded(lambda m=m: state.model_size_bytes(m), 0))
         out.append(_listed(m, type(m).__name__, size, held, "model"))
     out += _loose_state(namespace, models, paths)
@@ -591,17 +576,16 @@ def _loose_state(
     found: dict[int, tuple[Any, str]] = {}
     for name in state.scan_order(namespace):
         for _, obj, _ in state.walk(name, namespace.get(name), ()):
-            kind = types.kind(type(obj))
-            if kind in LOOSE_KINDS and id(obj) not in found:
-                found[id(obj)] = (obj, kind)
-    own = state.owned(models, types) if found else None
-    out = []
+            if (kind := types.kind(type(obj))) in LOOSE_KINDS:
+                found.setdefault(id(obj), (obj, kind))
+    if not found:
+        return []
+    own, out = state.owned(models, types), []
     for obj, kind in found.values():
-        if own is not None and not own.holds(obj, kind):
+        if not own.holds(obj, kind):
             held = state.held_by(obj, kind)
             out.append(_listed(obj, held.type, held.size_bytes, paths.get(id(obj), []), kind))
-    out.sort(key=lambda m: -m.size_bytes)
-    return out[:MAX_LOOSE]
+    return sorted(out, key=lambda m: -m.size_bytes)[:MAX_LOOSE]
 
 
 @dataclass(frozen=True)
