@@ -18,8 +18,8 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import kerasmagic
-from kerasmagic.isolate import child, runner
-from kerasmagic.isolate.runner import IsolatedCrash, IsolatedError, IsolatedTimeout
+from kerasmagic.isolate import api, child
+from kerasmagic.isolate.api import IsolatedCrash, IsolatedError, IsolatedTimeout
 
 
 def _error(ip: InteractiveShell, cell: str) -> BaseException:
@@ -261,7 +261,7 @@ def test_tensorflow_log_lines_stay_out_of_the_cell(
 
 
 def test_log_filter_drops_only_tf_lines_below_the_level() -> None:
-    from kerasmagic.isolate.runner import LogFilter
+    from kerasmagic.isolate.api import LogFilter
 
     absl = (
         "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
@@ -285,13 +285,13 @@ def test_log_filter_drops_only_tf_lines_below_the_level() -> None:
 def test_folders_of_dead_kernels_are_removed_by_the_next_run() -> None:
     gone = psutil.Popen(["true"])
     gone.wait()
-    base = runner.workdir().parent
+    base = api.workdir().parent
     stale, live = base / f"kerasmagic-{gone.pid}-old", base / f"kerasmagic-{os.getpid()}-live"
     for folder in (stale, live):
         folder.mkdir()
         (folder / "call").write_bytes(b"x" * 1000)
     try:
-        fresh = runner.workdir()
+        fresh = api.workdir()
         assert not stale.exists() and live.exists() and fresh.exists()
     finally:
         for folder in (stale, live, fresh):

@@ -26,7 +26,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import kerasmagic
-from kerasmagic.isolate.runner import IsolatedTimeout
+from kerasmagic.isolate.api import IsolatedTimeout
 
 MARK = "KERASMAGIC_FAULT_TEST"
 

@@ -92,7 +92,7 @@ def test_crash_and_error_do_not_stop_other_trials() -> None:
     trials = kerasmagic.sweep(trial, ["ok", "crash", "raise"], on="ray")
     assert [t.status for t in trials] == ["ok", "crashed", "error"]
     assert "ValueError: bad config" in (trials[2].error or "")
-    with pytest.raises(kerasmagic.isolate.runner.IsolatedCrash):
+    with pytest.raises(kerasmagic.isolate.api.IsolatedCrash):
         kerasmagic.run_isolated(trial, "crash", on="ray")
 
 

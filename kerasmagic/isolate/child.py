@@ -29,14 +29,13 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-Result = tuple[str, Any]
 CELL_FILENAME = "<isolated cell>"
 THRESHOLD_BYTES = 1 << 20
 TOKEN_VAR = "KERASMAGIC_RUN_TOKEN"  # in the environment of every process of a run
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 
 # kerasmagic comes from ROOT (argv[1]), where the kernel imported it, even when another copy
 # comes first on this interpreter's path: the child must run the kernel's own copy.
@@ -59,12 +58,10 @@ def isolation_env(gpus: str | None) -> dict[str, str]:
     env = {"TF_FORCE_GPU_ALLOW_GROWTH": "true", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     env |= {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
     env |= {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
-    keras = sys.modules.get("keras")
-    if "KERAS_BACKEND" not in env and keras is not None:
+    if "KERAS_BACKEND" not in env and (keras := sys.modules.get("keras")) is not None:
         with contextlib.suppress(Exception):  # a half-imported or stand-in module: no choice
             env["KERAS_BACKEND"] = str(keras.backend.backend())
-    if gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = gpus
+    env |= {} if gpus is None else {"CUDA_VISIBLE_DEVICES": gpus}
     if gpus == "":
         env.setdefault("JAX_PLATFORMS", "cpu")
     return env
@@ -87,11 +84,11 @@ def main(workdir: str) -> None:
     """Fork the worker, wait for it, kill what it left running, exit the way it did."""
     work, guard = Path(workdir), os.getpid()
     parent = int(os.environ.get("KERASMAGIC_PARENT_PID", "0")) or os.getppid()
-    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     if os.getppid() != parent:
         os._exit(70)  # the kernel died before we got here
     if (worker := os.fork()) == 0:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
         if os.getppid() != guard:
             os._exit(70)
         run_worker(work)
@@ -165,14 +162,10 @@ def end_tree(root: int | None, token: str | None) -> list[str]:
 # -- the worker ---------------------------------------------------------------------------------
 
 
-class Shown:
+class Shown(str):
     """The text of a value that could not travel back; displays as that text."""
 
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
+    __repr__ = str.__str__
 
 
 def error_info(exc: BaseException) -> tuple[str, str, str]:
@@ -184,13 +177,28 @@ def error_info(exc: BaseException) -> tuple[str, str, str]:
     return type(exc).__qualname__, str(exc), text
 
 
-def call(read: Callable[[], Any]) -> Result:
-    """Run the ``(fn, args, kwargs)`` that ``read`` returns; return ``("ok", value)`` or
-    ``("error", (*error_info, figures))``, the allocator's figures after an out-of-memory error
-    (read now, while the failed step's tensors are alive)."""
+def exec_cell(source: str, inputs: dict[str, Any], outputs: Sequence[str]) -> dict[str, Any]:
+    """Run cell ``source`` with ``inputs`` as globals; return the outputs and the last value."""
+    linecache.cache[CELL_FILENAME] = (len(source), None, source.splitlines(True), CELL_FILENAME)
+    tree = ast.parse(source, CELL_FILENAME)
+    last: Any = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    ns: dict[str, Any] = {"__name__": "__main__", **inputs}
+    exec(compile(tree, CELL_FILENAME, "exec"), ns)
+    value = last and eval(compile(ast.Expression(last.value), CELL_FILENAME, "eval"), ns)
+    if missing := [name for name in outputs if name not in ns]:
+        raise NameError(f"the cell did not define the output(s) {', '.join(missing)}")
+    value = Shown(repr(value)) if _refusal(value) else value
+    return {"outputs": {name: ns[name] for name in outputs}, "value": value}
+
+
+def answer(read: Callable[[], Any], write: Callable[[Any], Any]) -> Any:
+    """Run the ``(fn, args, kwargs)`` that ``read`` returns; return what ``write`` returns of
+    ``("ok", value)`` or ``("error", (*error_info, figures))``, the allocator's figures after an
+    out-of-memory error (read at once, while the failed step's tensors are alive), or of why the
+    result cannot travel."""
     try:
         fn, args, kwargs = read()
-        return "ok", fn(*args, **kwargs)
+        result: Any = "ok", fn(*args, **kwargs)
     except BaseException as exc:  # reported to the parent, never swallowed (SystemExit too)
         figures = None
         with contextlib.suppress(Exception):  # a help: the error goes back whatever happens
@@ -200,34 +208,13 @@ def call(read: Callable[[], Any]) -> Result:
                 from kerasmagic.oom.explain import figures_now
 
                 figures = figures_now(oom).to_dict()
-        return "error", (*error_info(exc), figures)
-
-
-def exec_cell(source: str, inputs: dict[str, Any], outputs: Sequence[str]) -> dict[str, Any]:
-    """Run cell ``source`` with ``inputs`` as globals; return the outputs and the last value."""
-    linecache.cache[CELL_FILENAME] = (len(source), None, source.splitlines(True), CELL_FILENAME)
-    tree = ast.parse(source, CELL_FILENAME)
-    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-    ns: dict[str, Any] = {"__name__": "__main__", **inputs}
-    exec(compile(tree, CELL_FILENAME, "exec"), ns)
-    value = None
-    if isinstance(last, ast.Expr):
-        value = eval(compile(ast.Expression(last.value), CELL_FILENAME, "eval"), ns)
-    if missing := [name for name in outputs if name not in ns]:
-        raise NameError(f"the cell did not define the output(s) {', '.join(missing)}")
-    if value is not None and _refusal(value) is not None:
-        value = Shown(repr(value))
-    return {"outputs": {name: ns[name] for name in outputs}, "value": value}
-
-
-def send(result: Result, write: Callable[..., Any]) -> Any:
-    """Return ``write(result, refuse_tf=True)``, or ``write`` of why it cannot travel."""
+        result = "error", (*error_info(exc), figures)
     try:
-        return write(result, refuse_tf=True)
+        return write(result)
     except Exception as exc:
         kind, message, _ = error_info(exc)
         text = f"{kind}: the result could not be sent back: {message}\n"
-        return write(("error", (kind, message, text)))
+        return write(("error", (kind, message, text, None)))
 
 
 def run_worker(work: Path) -> None:
@@ -238,11 +225,12 @@ def run_worker(work: Path) -> None:
     if (pythonpath := os.environ.pop("KERASMAGIC_PYTHONPATH", None)) is not None:
         os.environ["PYTHONPATH"] = pythonpath  # for the user's own subprocesses
     sys.path[:] = (work / "path").read_text().split("\0")
-    try:
-        result = call(lambda: load(work / "call"))
-    finally:
-        sys.path[:] = runner_path
-    send(result, lambda obj, refuse_tf=False: dump(obj, work / "result", refuse_tf=refuse_tf))
+
+    def write(result: Any) -> None:
+        sys.path[:] = runner_path  # the result is pickled with the runner's own path
+        dump(result, work / "result", refuse_tf=True)
+
+    answer(lambda: load(work / "call"), write)
 
 
 def ray_trial(blob: bytes, env: dict[str, str]) -> tuple[int, bytes]:
@@ -250,7 +238,7 @@ def ray_trial(blob: bytes, env: dict[str, str]) -> tuple[int, bytes]:
     os.environ.update(env)
     import cloudpickle
 
-    return os.getpid(), send(call(lambda: cloudpickle.loads(blob)), dumps)
+    return os.getpid(), answer(lambda: cloudpickle.loads(blob), partial(dumps, refuse_tf=True))
 
 
 # -- transport ----------------------------------------------------------------------------------
@@ -262,8 +250,7 @@ class RefusedObject(TypeError):
 
 def _refusal(obj: Any) -> str | None:
     """Return why ``obj`` must not be sent to the kernel, or None."""
-    keras = sys.modules.get("keras")
-    if keras is not None and isinstance(obj, keras.Model):
+    if (keras := sys.modules.get("keras")) is not None and isinstance(obj, keras.Model):
         return (
             f"cannot return a Keras model ({type(obj).__name__}) to the kernel: that would load "
             "TensorFlow there and bring its memory back. Return model.get_weights(), "
@@ -312,14 +299,11 @@ def dump(obj: Any, path: Path, *, refuse_tf: bool = False) -> None:
 
 def load(path: Path) -> Any:
     """Read what :func:`dump` wrote; the buffer files are mapped copy-on-write, then removed."""
-    with open(path, "rb") as f:
-        count = int.from_bytes(f.read(4), "little")
-        body = f.read()
-    buffers = []
-    for i in range(count):
+    body, buffers = Path(path).read_bytes(), []
+    for i in range(int.from_bytes(body[:4], "little")):
         with open(f"{path}.{i}", "rb") as f:
             size = os.fstat(f.fileno()).st_size
             data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) if size else bytearray()
         os.unlink(f"{path}.{i}")
         buffers.append(memoryview(data))
-    return pickle.loads(body, buffers=buffers)
+    return pickle.loads(memoryview(body)[4:], buffers=buffers)
