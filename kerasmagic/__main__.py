@@ -1,5 +1,5 @@
 """``python -m kerasmagic``: the same as the ``kerasmagic`` command."""
 
-from kerasmagic._cli import main
+from kerasmagic._demo import main
 
 raise SystemExit(main())

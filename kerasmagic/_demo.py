@@ -1,4 +1,5 @@
-"""The leak loop behind ``kerasmagic demo`` and ``benchmarks/leak_loop.py``.
+"""The ``kerasmagic`` command line: ``kerasmagic demo`` shows the leak and the fix here; its
+loops are behind ``benchmarks/leak_loop.py`` and ``benchmarks/oom.py`` too.
 
 Each variant runs in its own fresh process (``python -m kerasmagic._demo VARIANT ...``) so one
 variant's leftovers cannot colour another's figures.
@@ -8,18 +9,50 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 from kerasmagic.compat.registry import works
+from kerasmagic.interrupts.held import held_interrupts
+
+DESCRIPTION = """\
+kerasmagic: memory-safe Keras/TensorFlow model iteration in Jupyter.
+
+In a notebook or IPython, load it with  %load_ext kerasmagic  and put %%fresh_model on top
+of a model cell; %gpu_mem shows what is alive. This command line shows the problem and the
+fix on this machine."""
+
+DEMO_DESCRIPTION = """\
+Show, on this machine, how much memory re-building Keras models keeps, and what kerasmagic
+frees. The same loop (build a Dense 256-256-10 model, fit it one epoch on ROWS random rows,
+predict; N times) runs three times, each in a fresh Python process on the CPU (no GPU needed):
+
+  1. no cleanup: the model variable is simply reassigned
+  2. Keras's own cleanup: del model + keras.backend.clear_session() + gc.collect()
+  3. kerasmagic: kerasmagic.reset() before each model, as %%fresh_model does
+
+It prints, per variant, the RSS and Python objects kept per model, the median cleanup time and
+the last layer's name (dense_89, not dense_2: Keras's name counter kept counting).
+
+Last, what runs out on a GPU: ten folds of a 256-1024-1024-10 model in one loop, TensorFlow's
+allocator capped at 160 MB (its GPU allocator on the CPU), each way in a fresh process: 4. by
+hand in the loop, 5. a plain loop in a %%fresh_model cell; it says how many folds each finished
+and what the allocator held (--no-folds skips it).
+
+About 1-3 minutes per variant on 2 CPU cores (4-7 minutes in all with the folds); a progress
+line shows where it is. Needs TensorFlow: pip install 'kerasmagic[tf]'."""
+
 
 # What each variant does between models: the progress line's label and the table's first column.
 VARIANTS = {
@@ -50,15 +83,9 @@ def slope(values: list[float], skip: int) -> float:
     return statistics.median(pairs) if pairs else 0.0
 
 
-def run_loop(
-    variant: str,
-    models: int,
-    samples: int,
-    skip: int,
-    on_model: Callable[[int], None] | None = None,
-) -> LoopResult:
-    """Build, fit and predict ``models`` models in this process with one cleanup variant;
-    call ``on_model(n)`` after the n-th model."""
+def run_loop(variant: str, models: int, samples: int, skip: int) -> None:
+    """A variant's process: build, fit and predict ``models`` models with one cleanup variant;
+    print ``{"done": n}`` after the n-th model and the result as the last JSON line."""
     import keras
     import numpy as np
     import psutil
@@ -66,10 +93,8 @@ def run_loop(
     import kerasmagic
 
     rng = np.random.default_rng(0)
-    x = rng.random((samples, 100), dtype=np.float32)
-    y = rng.integers(0, 10, samples)
-    proc, rss, objects, cleanup = psutil.Process(), [], [], []
-    name = ""
+    x, y = rng.random((samples, 100), dtype=np.float32), rng.integers(0, 10, samples)
+    proc, rss, objects, cleanup, name = psutil.Process(), [], [], [], ""
     for _ in range(models):
         start = time.perf_counter()
         if variant == "kerasmagic":
@@ -90,11 +115,11 @@ def run_loop(
         gc.collect()
         rss.append(proc.memory_info().rss / 2**20)
         objects.append(float(len(gc.get_objects())) if works("cpython.referrers") else 0.0)
-        if on_model is not None:
-            on_model(len(rss))
+        print(json.dumps({"done": len(rss)}), flush=True)
     slopes = round(slope(rss, skip), 4), round(slope(objects, skip), 1)
     median = None if not cleanup else round(sorted(cleanup)[len(cleanup) // 2], 4)
-    return LoopResult(variant, models, *slopes, median, [round(r, 2) for r in rss], name)
+    result = LoopResult(variant, models, *slopes, median, [round(r, 2) for r in rss], name)
+    print(json.dumps(asdict(result)), flush=True)
 
 
 def run_variant_process(
@@ -102,14 +127,14 @@ def run_variant_process(
     models: int,
     samples: int,
     skip: int,
-    on_progress: Callable[[int], None] | None = None,
+    on_progress: Callable[[int], None] = lambda done: None,
 ) -> LoopResult:
     """Run one variant in a fresh Python process and return its result; ``on_progress(n)`` is
     called in this process as the child finishes its n-th model."""
     found: list[dict[str, Any]] = []
 
     def take(message: dict[str, Any]) -> None:
-        if "done" in message and on_progress is not None:
+        if "done" in message:
             on_progress(int(message["done"]))
         elif "variant" in message:
             found.append(message)
@@ -129,10 +154,13 @@ def _run_child(
     cmd = [sys.executable, "-m", "kerasmagic._demo", *args]
     # stderr goes to a file: TensorFlow may write more than a pipe holds while we read stdout.
     with tempfile.TemporaryFile("w+") as err:
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env) as proc:
+        # A Ctrl-C while Popen starts the child is held: raised inside Popen, no one would stop it
+        with held_interrupts() as held:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        with proc:
             try:
-                assert proc.stdout is not None
-                for line in proc.stdout:
+                held.deliver()
+                for line in proc.stdout or ():
                     try:
                         message = json.loads(line)
                     except ValueError:
@@ -158,23 +186,6 @@ def table(results: list[LoopResult]) -> str:
             f"{r.objects_per_model:>13.0f} {cleanup:>9}  {r.last_layer_name}"
         )
     return "\n".join(rows)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Child entry point: run one variant, print ``{"done": n}`` after each model and the
-    result as the last JSON line."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("variant", choices=sorted(VARIANTS))
-    for number in ("models", "samples", "skip"):
-        parser.add_argument(number, type=int)
-    args = parser.parse_args(argv)
-
-    def report(done: int) -> None:
-        print(json.dumps({"done": done}), flush=True)
-
-    loop = run_loop(args.variant, args.models, args.samples, args.skip, on_model=report)
-    print(json.dumps(asdict(loop)), flush=True)
-    return 0
 
 
 # -- the K-fold story ----------------------------------------------------------------------
@@ -242,8 +253,8 @@ class FoldsResult:
         return f"ran out of memory at fold {self.folds + 1} of {FOLDS}"
 
 
-def run_in_shell(variant: str) -> int:
-    """Child entry point: run one variant's loop in an IPython shell in this process."""
+def run_in_shell(variant: str) -> None:
+    """A folds variant's process: run its loop in an IPython shell in this process."""
     from IPython.core.interactiveshell import InteractiveShell
 
     _, loaded, cell = FOLD_VARIANTS[variant]
@@ -255,18 +266,16 @@ def run_in_shell(variant: str) -> int:
     error = result.error_before_exec or result.error_in_exec
     if error is not None:
         print(json.dumps({"error": type(error).__name__}), flush=True)
-    return 0
 
 
-def run_folds_process(variant: str, on_fold: Callable[[int], None] | None = None) -> FoldsResult:
+def run_folds_process(variant: str, on_fold: Callable[[int], None] = lambda n: None) -> FoldsResult:
     """Run one variant in a fresh capped process; ``on_fold(n)`` as it finishes fold n."""
     result = FoldsResult(variant)
 
     def take(message: dict[str, Any]) -> None:
         if "fold" in message:
             result.in_use_bytes.append(int(message["in_use"]))
-            if on_fold is not None:
-                on_fold(result.folds)
+            on_fold(result.folds)
         elif "error" in message:
             result.error = str(message["error"])
 
@@ -280,7 +289,198 @@ def run_folds_process(variant: str, on_fold: Callable[[int], None] | None = None
     return result
 
 
-if __name__ == "__main__":
+# -- the demo's progress line ----------------------------------------------------------------------
+BAR_WIDTH = 20
+
+
+def bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
+    """Return an ASCII bar such as ``[#######.............]`` for ``done`` of ``total``."""
+    filled = 0 if total <= 0 else min(width, done * width // total)
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def remaining_s(done: int, total: int, elapsed_s: float, first_s: float) -> float | None:
+    """Estimate the seconds left from the pace since the first model (which pays the imports)."""
+    if done < 2 or done >= total:
+        return None
+    return (elapsed_s - first_s) / (done - 1) * (total - done)  # the pace, times what is left
+
+
+class StepProgress:
+    """Show the progress of one step of ``total`` units (models) under a ``label``."""
+
+    def __init__(self, stream: TextIO, label: str, total: int, unit: str = "models") -> None:
+        self.stream, self.label, self.total, self.unit = stream, label, total, unit
+        self.live, self.done, self._start = stream.isatty(), 0, time.monotonic()
+        self._first_s, self._width = 0.0, 0
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._ticker = threading.Thread(target=self._tick, daemon=True)
+
+    def __enter__(self) -> StepProgress:
+        if self.live:
+            self._ticker.start()
+        else:
+            self._draw(f"{self.label}: started", final=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._ticker.is_alive():
+            self._ticker.join()
+        end = f"{self.done}/{self.total} {self.unit} in {time.monotonic() - self._start:.0f} s"
+        with self._lock:
+            self._draw(f"{self.label}: {end if exc[0] is None else 'stopped'}", final=True)
+
+    def update(self, done: int) -> None:
+        """Record that ``done`` units are finished, and redraw on a terminal."""
+        with self._lock:
+            if self.done == 0 and done > 0:
+                self._first_s = time.monotonic() - self._start
+            self.done = done
+            if self.live:
+                self._draw(self.line(_columns()))
+
+    def line(self, columns: int = 80) -> str:
+        """Return the progress line as it stands now, within ``columns``.
+
+        The label says what runs, so it is kept whole while a status with the counts and the
+        estimate fits beside it (a shorter bar, then none, then no clock); only on a terminal
+        too narrow for that is the label cut, beside the full status.
+        """
+        statuses = self._statuses(time.monotonic() - self._start)
+        for status in statuses:
+            if len(self.label) + 2 + len(status) <= columns - 1:
+                return f"{self.label}  {status}"
+        status = statuses[0]
+        room = max(columns - 1 - len(status) - 2, 8)
+        return f"{self.label[: room - 3]}...  {status}"
+
+    def _statuses(self, elapsed: float) -> list[str]:
+        """Return the status part of the line, from the fullest to the shortest."""
+        clock = f"{elapsed:.0f} s"
+        if self.done == 0:
+            return [f"starting (importing TensorFlow)  {clock}", f"starting  {clock}"]
+        left = remaining_s(self.done, self.total, elapsed, self._first_s)
+        end = clock if left is None else f"{clock}, ~{left:.0f} s left"
+        counts = f"{self.done}/{self.total} {self.unit}"
+        return [
+            f"{bar(self.done, self.total)} {counts}  {end}",
+            f"{bar(self.done, self.total, BAR_WIDTH // 2)} {counts}  {end}",
+            f"{counts}  {end}",
+            f"{counts}  {clock}" if left is None else f"{counts}, ~{left:.0f} s left",
+        ]
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._lock:
+                self._draw(self.line(_columns()))
+
+    def _draw(self, text: str, final: bool = False) -> None:
+        """Redraw the line on a terminal (``final``: and end it); in a pipe, write a ``final``
+        line whole."""
+        if self.live:
+            text = text[: _columns() - 1]
+            pad, self._width = " " * max(0, self._width - len(text)), 0 if final else len(text)
+            text = "\r" + text + pad
+        self.stream.write(text + ("\n" if final else ""))
+        self.stream.flush()
+
+
+def _columns() -> int:
+    """Return the terminal's width (80 when it cannot be told)."""
+    return shutil.get_terminal_size((80, 24)).columns
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; return its exit status."""
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="kerasmagic", description=DESCRIPTION, formatter_class=raw
+    )
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    demo = sub.add_parser(
+        "demo",
+        help="the leak loop and a capped K-fold loop, with and without us (~5 min)",
+        description=DEMO_DESCRIPTION,
+        formatter_class=raw,
+    )
+    demo.add_argument(
+        "--models",
+        type=int,
+        default=30,
+        metavar="N",
+        help="models built and fitted per variant (default 30, at least 8); time grows with it",
+    )
+    demo.add_argument(
+        "--no-folds",
+        action="store_true",
+        help="skip the last part: 10 folds under a 160 MB allocator cap, by hand and with "
+        "kerasmagic (~1 min)",
+    )
+    demo.add_argument(
+        "--samples",
+        type=int,
+        default=4000,
+        metavar="ROWS",
+        help="training rows of 100 features per fit (default 4000, at least 256)",
+    )
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    models, samples = args.models, args.samples
+    if models < 8 or samples < 256:
+        parser.error("use at least 8 models and 256 samples")
+    if importlib.util.find_spec("tensorflow") is None:
+        print("kerasmagic demo needs TensorFlow: pip install 'kerasmagic[tf]'", file=sys.stderr)
+        return 2
+    # Every variant in its own process with a progress line, then the table; then the folds
+    # under a capped allocator, by hand and with kerasmagic, and the outcome in words.
+    steps = len(VARIANTS) + (0 if args.no_folds else len(FOLD_VARIANTS))
+    results: list[LoopResult] = []
+    outcome = {}
+    try:
+        print(
+            f"Building, fitting and predicting {models} small Keras models per variant "
+            f"({samples} x 100 inputs, CPU), each variant in a fresh process.",
+            flush=True,
+        )
+        for step, (variant, label) in enumerate(VARIANTS.items(), start=1):
+            with StepProgress(sys.stdout, f"[{step}/{steps}] {label}", models) as progress:
+                results.append(run_variant_process(variant, models, samples, 5, progress.update))
+        print(f"\n{table(results)}")
+        keras_slope, ours = results[1].rss_mb_per_model, results[2].rss_mb_per_model
+        print(
+            f"\nkerasmagic keeps {max(ours, 0):.3f} MB per model where Keras's own cleanup keeps "
+            f"{keras_slope:.2f} MB."
+        )
+        if args.no_folds:
+            return 0
+        print(
+            f"\nNow {FOLDS} folds of a 256-1024-1024-10 model in one loop, with TensorFlow's "
+            f"allocator capped at {CAP_MB} MB as a GPU's memory is (TF's GPU allocator on the"
+            " CPU).",
+            flush=True,
+        )
+        for step, (variant, (label, *_)) in enumerate(FOLD_VARIANTS.items(), len(VARIANTS) + 1):
+            with StepProgress(sys.stdout, f"[{step}/{steps}] {label}", FOLDS, "folds") as progress:
+                outcome[variant] = run_folds_process(variant, progress.update)
+    except KeyboardInterrupt:
+        print("\nkerasmagic demo: interrupted", file=sys.stderr)
+        return 130
+    except RuntimeError as exc:
+        print(f"kerasmagic demo: {exc}", file=sys.stderr)
+        return 1
+    print(f"\nhand cleanup {outcome['hand'].words()}; kerasmagic {outcome['kerasmagic'].words()}.")
+    return 0
+
+
+if __name__ == "__main__":  # a variant's process (_run_child)
     if sys.argv[1:2] == ["folds"]:
-        raise SystemExit(run_in_shell(sys.argv[2]))
-    raise SystemExit(main())
+        run_in_shell(sys.argv[2])
+    else:
+        child = argparse.ArgumentParser()
+        child.add_argument("variant", choices=sorted(VARIANTS))
+        for number in ("models", "samples", "skip"):
+            child.add_argument(number, type=int)
+        run_loop(**vars(child.parse_args()))

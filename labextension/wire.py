@@ -17,7 +17,7 @@ from typing import Any
 from kerasmagic.backends import LABELS, BackendDevice, BackendInfo
 from kerasmagic.cleanup import CleanupReport
 from kerasmagic.cleanup.holders import LiveModel
-from kerasmagic.live.leak import CellRecord, LeakVerdict
+from kerasmagic.live import CellRecord, LeakVerdict
 from kerasmagic.oom.explain import OomFacts
 from kerasmagic.probes import GpuDevice, GpuInfo, KerasInfo, RamInfo, Variable
 from kerasmagic.snapshot import Headline, MemorySnapshot, SnapshotDelta

@@ -162,7 +162,7 @@ def test_pip_without_node_installs_the_python_package_and_a_built_sidebar_when_t
     built = pip_wheel(src, tmp_path / "dist", no_node)
     assert built.returncode == 0, built.stderr
     names = wheel_names(tmp_path / "dist")
-    assert "kerasmagic/_cli.py" in names
+    assert "kerasmagic/_demo.py" in names
     assert not [n for n in names if n.startswith(data) or "labextension/static" in n]
     # An sdist's (or an earlier build's) sidebar is installed where JupyterLab finds it.
     static = src / "kerasmagic" / "labextension" / "static"

@@ -14,10 +14,9 @@ import time
 import psutil
 import pytest
 
-from kerasmagic._cli import StepProgress, bar, main, remaining_s
-from kerasmagic._demo import run_variant_process
+from kerasmagic._demo import StepProgress, bar, main, remaining_s, run_variant_process
 
-CLI = [sys.executable, "-m", "kerasmagic._cli"]
+CLI = [sys.executable, "-m", "kerasmagic"]
 
 
 class Terminal(io.StringIO):
@@ -76,7 +75,7 @@ def test_bad_sizes_are_one_usage_line(capsys: pytest.CaptureFixture[str]) -> Non
 def test_demo_without_tensorflow_says_what_to_install() -> None:
     code = (
         "import sys; sys.modules['tensorflow'] = None\n"  # what find_spec sees when TF is absent
-        "from kerasmagic._cli import main; raise SystemExit(main(['demo']))"
+        "from kerasmagic._demo import main; raise SystemExit(main(['demo']))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 2

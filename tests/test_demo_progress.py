@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from kerasmagic._cli import StepProgress
-from kerasmagic._demo import VARIANTS
+from kerasmagic._demo import VARIANTS, StepProgress
 
 LABELS = [f"[{i}/{len(VARIANTS)}] {label}" for i, label in enumerate(VARIANTS.values(), start=1)]
 

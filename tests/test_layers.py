@@ -15,7 +15,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "kerasmagic"
 # "kerasmagic" is the package's __init__ alone (the public API, imported lazily).
 LAYERS: tuple[str, ...] = (
     "kerasmagic.__main__",
-    "kerasmagic._cli",
     "kerasmagic._demo",
     "kerasmagic",
     "kerasmagic._extension",

@@ -12,8 +12,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
 from kerasmagic.backends import BackendInfo
-from kerasmagic.live import CellRecord, get_monitor
-from kerasmagic.live.leak import FRESH_REMEDY, UNDER_FRESH, LeakDetector
+from kerasmagic.live import FRESH_REMEDY, UNDER_FRESH, CellRecord, LeakDetector, get_monitor
 from kerasmagic.probes import GpuInfo, KerasInfo, RamInfo
 from kerasmagic.snapshot import MemorySnapshot, diff
 

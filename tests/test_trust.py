@@ -19,7 +19,7 @@ from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 from shared_cells import INTERRUPT_IN_GC_CALLBACK
 
-import kerasmagic.live.monitor as live_module
+import kerasmagic.live as live_module
 from kerasmagic.live import get_monitor
 
 

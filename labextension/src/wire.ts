@@ -109,7 +109,7 @@ export interface IOomFacts {
   isolated: boolean;
 }
 
-/** `kerasmagic.live.leak.CellRecord` on the wire. */
+/** `kerasmagic.live.CellRecord` on the wire. */
 export interface ICellRecord {
   execution_count: number;
   started_s: number;
@@ -125,7 +125,7 @@ export interface ICellRecord {
   warning?: string | null;
 }
 
-/** `kerasmagic.live.leak.LeakVerdict` on the wire. */
+/** `kerasmagic.live.LeakVerdict` on the wire. */
 export interface ILeakVerdict {
   growing: boolean;
   what: string;

@@ -1,20 +1,30 @@
-"""The live monitor: between-cell records, a background peak sampler, subscribers (views).
+"""Live memory monitor: per-cell records, a background peak sampler, the leak detector.
 
-The cell hooks take a cheap snapshot on the main thread (no gc scan, no TF import). The sampler
-thread reads only RAM, NVML and what the backends let a thread read (``Backend.refresh``), reuses
-the last main-thread snapshot's per-thread figures (default graph, Keras) and never touches user
-objects.
+``%load_ext kerasmagic`` gives each shell one ``LiveMonitor`` (with its ``Sampler`` thread) fed
+by IPython's cell events. Its cell hooks take a cheap snapshot on the main thread (no gc scan, no
+TF import). The sampler thread reads only RAM, NVML and what the backends let a thread read
+(a backend's ``refresh``), reuses the last main-thread snapshot's per-thread figures (default graph,
+Keras) and never touches user objects.
+
+The leak detector is pure logic: a cell leaks when each of its last ``min_runs`` runs (same
+source hash) grew the same figure, by enough in total, with no single run carrying most of it
+(TensorFlow's allocator is exact: there any growth in each run counts). The advice depends on how
+the cell ran: plain, under ``%%fresh_model``, or isolated.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import logging
+import textwrap
 import threading
 import time
+import weakref
 from collections import deque
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from traitlets import Float, Int
@@ -24,12 +34,201 @@ import kerasmagic.probes as probes
 from kerasmagic.backends import keras_backend, read_active
 from kerasmagic.compat.registry import say_once
 from kerasmagic.interrupts.held import held_interrupts, interrupt_finished_cell, interrupt_next_cell
-from kerasmagic.live import leak
-from kerasmagic.live.leak import CellRecord, LeakDetector, LeakVerdict, cell_mode, source_hash
 from kerasmagic.oom.explain import OomFacts
 from kerasmagic.probes import GpuInfo, RamInfo, read_ram
-from kerasmagic.snapshot import MemorySnapshot, diff, take_snapshot
+from kerasmagic.shellstate import ShellState, state_of
+from kerasmagic.snapshot import MemorySnapshot, SnapshotDelta, diff, take_snapshot
 
+
+@dataclass(frozen=True)
+class CellRecord:
+    """One executed cell: its snapshots at start and end, their delta, and in-cell peaks."""
+
+    execution_count: int
+    started_s: float
+    duration_s: float
+    start: MemorySnapshot
+    end: MemorySnapshot
+    delta: SnapshotDelta
+    peak_rss_bytes: int
+    peak_gpu_bytes: int | None
+    source_hash: str = ""  # same cell source -> same hash; the leak detector groups by it
+    mode: str = "plain"  # "fresh" under %%fresh_model, "isolate" with --isolate (cell_mode)
+    oom: OomFacts | None = None  # the cell ended in an out-of-memory error (kerasmagic.oom)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a plain dict that ``json.dumps`` accepts."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for key in ("start", "end", "delta", "oom"):
+            out[key] = None if out[key] is None else out[key].to_dict()
+        return out
+
+
+def source_hash(source: str) -> str:
+    """Return a short stable hash of a cell's source (whitespace at the ends ignored)."""
+    return hashlib.blake2b(source.strip().encode(), digest_size=8).hexdigest()
+
+
+# -- advice: the cause, and the remedy that fits how the cell ran -----------------------------
+PLAIN, FRESH, ISOLATED = "plain", "fresh", "isolate"
+FRESH_REMEDY = (
+    "Run the cell under %%fresh_model (frees stale models, TF's gradient registry and Keras "
+    "names first), or %%fresh_model --isolate to train in a fresh process."
+)
+UNDER_FRESH = {  # what -> advice for a cell that already runs under %%fresh_model
+    "graph_ops": (
+        "The cell adds ops to TensorFlow's default graph on every run (TF1 graph mode): create "
+        "the ops once in an earlier cell and feed new values (placeholders, feed_dict), or "
+        "call tf.compat.v1.reset_default_graph() before rebuilding them."
+    ),
+    "functions": (
+        "A tf.function that outlives the cell traces again on every run: one defined in an "
+        "earlier cell and called with each new model, or one called with Python numbers "
+        "(each new value is a new trace). Pass tensors, or define the function inside the "
+        "cell; fn.experimental_get_tracing_count() shows its traces."
+    ),
+    "custom_gradients": (
+        "A tf.function from an earlier cell keeps every traced training step (and its "
+        "custom-gradient entries) alive: define the training step inside the cell, or "
+        "reuse one model and optimizer with it."
+    ),
+    "live_models": (
+        "Each run keeps one more model alive through a name the cell does not rebind or a "
+        "structure it appends to: %gpu_mem --deep shows what holds them; use "
+        "%%fresh_model --keep/--all, or store weights or metrics instead of models."
+    ),
+    "name_counter": (
+        "Keras's name counter still grows: layers are created outside the cleaned cell "
+        "(in a function from an earlier cell run on another thread, or after a reset)."
+    ),
+    "memory": (
+        "%%fresh_model already frees stale models, so something else keeps this memory: data "
+        "the cell appends to on every run (%gpu_mem --deep lists the largest holders), or "
+        "native memory that only a process exit returns: %%fresh_model --isolate."
+    ),
+}
+UNDER_ISOLATE = (
+    "The cell runs isolated, so the growth is in what it brings back into the kernel "
+    "(--outputs) or in data the kernel keeps: bring back weights or metrics, not arrays."
+)
+WIDTH = 80  # columns: a notebook breaks a long line anywhere, so the message wraps between words
+
+
+def cell_mode(source: str) -> str:
+    """Return how a cell runs: under ``%%fresh_model`` (with or without ``--isolate``) or plain."""
+    first = source.lstrip().split("\n", 1)[0]
+    if not first.startswith("%%fresh_model"):
+        return PLAIN
+    return ISOLATED if "--isolate" in first.split() else FRESH
+
+
+@dataclass(frozen=True)
+class LeakVerdict:
+    """``growing``: a figure grew run after run; ``what`` names it; ``message`` says it in words,
+    wrapped between words within ``WIDTH`` columns."""
+
+    growing: bool
+    what: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a plain dict for JSON."""
+        return dataclasses.asdict(self)
+
+
+STABLE = LeakVerdict(False, "", "stable")
+SIGNALS: dict[str, tuple[Callable[[CellRecord], int | None], str]] = {  # what -> read it, label
+    "tf_tensors": (lambda r: r.delta.device_bytes.get("tensorflow"), "TensorFlow's tensors"),
+    "rss": (lambda r: r.delta.rss_bytes, "RSS"),
+    "gpu": (lambda r: r.delta.gpu_used_bytes, "GPU memory"),
+    "backend": (lambda r: r.delta.backend_bytes, "the Keras backend's device memory"),
+    "custom_gradients": (lambda r: _tf(r, "custom_gradients"), "TF custom-gradient registry"),
+    "functions": (lambda r: _tf(r, "functions"), "traced TF functions"),
+    "graph_ops": (lambda r: _tf(r, "default_graph_ops"), "default-graph ops"),
+    "live_models": (lambda r: r.delta.live_models, "live Keras models"),
+    "name_counter": (lambda r: r.delta.name_counter, "Keras layer-name counter"),
+}
+BYTE_SIGNALS = ("tf_tensors", "rss", "gpu", "backend")  # tf_tensors: exact, no noise floor
+RunsOf = Mapping[str, Sequence[CellRecord]]  # a source hash -> that cell's latest runs
+CAUSES = ("graph_ops", "functions", "custom_gradients", "live_models", "name_counter")
+
+
+def _tf(record: CellRecord, cache: str) -> int | None:
+    return record.delta.cache("tensorflow", cache)
+
+
+class LeakDetector(Configurable):
+    """Thresholds for "growing"; set them as ``c.LeakDetector.min_runs = 5`` and so on."""
+
+    min_runs = Int(3, config=True, help="Runs of the same cell that must each grow to warn.")
+    min_step_bytes = Int(2 * 2**20, config=True, help="Bytes a run must add to count as growing.")
+    min_total_bytes = Int(8 * 2**20, config=True, help="Growth over those runs needed to warn.")
+    max_share = Float(0.7, config=True, help="Largest share of the growth one run may carry.")
+    window = Int(4, config=True, help="Judge only cells run among the last `window` cells.")
+
+    def judge(self, history: Sequence[CellRecord], runs_of: RunsOf | None = None) -> LeakVerdict:
+        """Return the first growing verdict among recently run cells, newest first. ``runs_of``
+        maps a source hash to that cell's latest runs (else the history is scanned)."""
+        seen: set[str] = set()
+        for record in reversed(history[-max(1, self.window) :]):
+            key = record.source_hash
+            if key and key not in seen:
+                seen.add(key)
+                runs = (runs_of or {}).get(key) or [r for r in history if r.source_hash == key]
+                verdict = self.judge_runs(list(runs)[-self.min_runs :])
+                if verdict.growing:
+                    return verdict
+        return STABLE
+
+    def judge_runs(self, runs: Sequence[CellRecord]) -> LeakVerdict:
+        """Judge the runs of one cell (oldest first)."""
+        if len(runs) < max(self.min_runs, 2):
+            return STABLE
+        growing: dict[str, list[int]] = {}
+        for what, (get, _) in SIGNALS.items():
+            values = [get(r) for r in runs]
+            steps = [int(v) for v in values if v is not None]
+            if len(steps) == len(values) and self._grows(what, steps):
+                growing[what] = steps
+        return self._verdict(runs, growing) if growing else STABLE
+
+    def _grows(self, what: str, steps: list[int]) -> bool:
+        total = sum(steps)
+        # TF's tensors are exact and the counts whole: there any growth in each run counts
+        if what == "tf_tensors" or what not in BYTE_SIGNALS:
+            return min(steps) >= 1
+        big = min(steps) >= self.min_step_bytes and total >= max(self.min_total_bytes, 1)
+        return big and max(steps) <= self.max_share * total
+
+    def _verdict(self, runs: Sequence[CellRecord], growing: dict[str, list[int]]) -> LeakVerdict:
+        """Name the first growing figure, its likely cause among the others, and the remedy."""
+        what, steps = next(iter(growing.items()))
+        cause = next((w for w in CAUSES if w in growing), "memory")
+        first, last = runs[0].duration_s, runs[-1]
+        said = (
+            f"Cell [{last.execution_count}] grows {_amount(what, steps)} per run over its last "
+            f"{len(steps)} runs"
+        )
+        if cause in growing and cause != what:
+            said += f", and {_amount(cause, growing[cause])} per run"
+        if cause == "graph_ops":
+            took = f" (its runs took {first:.2f} s → {last.duration_s:.2f} s)"
+            said += ". Each op added makes later session calls slower"
+            said += took if last.duration_s >= 1.2 * first else ""
+        remedy = {ISOLATED: UNDER_ISOLATE, FRESH: UNDER_FRESH[cause]}.get(last.mode, FRESH_REMEDY)
+        said = textwrap.fill(
+            f"{said}. {remedy}", WIDTH, break_long_words=False, break_on_hyphens=False
+        )
+        return LeakVerdict(True, what, said)
+
+
+def _amount(what: str, steps: list[int]) -> str:
+    n = sum(steps) / len(steps)
+    size = f"{n / 2**20:.1f} MB" if abs(n) >= 2**20 / 10 else f"{n / 1024:.1f} KB"
+    return f"{SIGNALS[what][1]} by {size if what in BYTE_SIGNALS else f'{n:.0f}'}"
+
+
+# -- the monitor ----------------------------------------------------------------------------------
 log = logging.getLogger(__name__)
 Subscriber = Callable[[str, Any], None]
 OnSample = Callable[[RamInfo, GpuInfo], None]
@@ -72,7 +271,7 @@ class LiveMonitor(Configurable):
         self._start: tuple[MemorySnapshot, str, str] | None = None
         self._at_cell_end: Callable[[CellRecord | None], None] | None = None
         self._recorded: CellRecord | None = None  # this cell's record, for _at_cell_end
-        self._verdict = leak.STABLE
+        self._verdict = STABLE
         self._runs_of: dict[str, deque[CellRecord]] = {}  # source hash -> its latest runs
         self.detector = LeakDetector(parent=self)
         self.sampler = Sampler(self.interval_s, self.idle_interval_s, self._on_sample)
@@ -81,11 +280,6 @@ class LiveMonitor(Configurable):
         """Return the recorded cells, oldest first."""
         with self._lock:
             return list(self._history)
-
-    def records(self) -> Records:
-        """Return what this monitor recorded: the history and each cell source's runs."""
-        with self._lock:
-            return list(self._history), dict(self._runs_of)
 
     def resume(self, records: Records) -> None:
         """Go on from an earlier monitor's ``records`` of this shell (a reload in one kernel)."""
@@ -114,7 +308,7 @@ class LiveMonitor(Configurable):
         """Have ``fn(record)`` run once this ``%%fresh_model`` cell is recorded (so its report
         line reads the record's figures); False when no such cell is being recorded or one is
         already waiting (a magic called again inside the cell)."""
-        if self._start is None or self._start[2] != leak.FRESH or self._at_cell_end is not None:
+        if self._start is None or self._start[2] != FRESH or self._at_cell_end is not None:
             return False
         self._at_cell_end = fn
         return True
@@ -219,7 +413,15 @@ class LiveMonitor(Configurable):
                 log.exception("kerasmagic live subscriber %r failed on %r", fn, kind)
 
     def stop(self) -> None:
-        """Stop the sampler thread, drop every subscriber and close the attached views."""
+        """Keep the records for a reload, unregister the cell hooks, stop the sampler thread,
+        drop every subscriber and close the attached views."""
+        with contextlib.suppress(TypeError):  # not weakly referenceable: nothing kept
+            _kept[self._shell] = self.history(), dict(self._runs_of)
+        for event in HOOKS:
+            try:
+                self._shell.events.unregister(event, getattr(self, event))
+            except ValueError:
+                log.debug("kerasmagic: %s hook already removed", event)
         self.sampler.stop()
         with self._lock:
             self._subscribers.clear()
@@ -326,3 +528,46 @@ class Sampler:
                 self.sample_once()
                 last = now
             self._stop.wait(self.interval_s)
+
+
+# -- the extension's part -------------------------------------------------------------------------
+# Each shell's records at its last unload: a reload in the same kernel goes on from them (the
+# sidebar's chart, the widget, the leak detector), as the kernel's own cells do.
+_kept: weakref.WeakKeyDictionary[Any, Records] = weakref.WeakKeyDictionary()
+HOOKS = ("pre_run_cell", "post_run_cell")
+
+
+def get_monitor(shell: Any) -> LiveMonitor | None:
+    """Return the live monitor of ``shell``, or None if the extension is not loaded there."""
+    state = state_of(shell)
+    monitor = None if state is None else state.part("live")
+    return monitor if isinstance(monitor, LiveMonitor) else None
+
+
+def history() -> list[CellRecord]:
+    """Return the current shell's per-cell memory history (empty if the extension is off)."""
+    from IPython.core.getipython import get_ipython
+
+    monitor = get_monitor(get_ipython())
+    return monitor.history() if monitor is not None else []
+
+
+def load(state: ShellState) -> LiveMonitor:
+    """Create the shell's monitor (its ``oom`` part, loaded before, gives each record its
+    out-of-memory facts), go on from its records at the last unload, start it."""
+    shell, kept = state.shell, None
+    monitor = LiveMonitor(shell, oom=getattr(state.part("oom"), "facts", None), parent=state.magics)
+    with contextlib.suppress(TypeError):  # a shell of no class of its own: each load starts afresh
+        kept = _kept.pop(shell, None)
+    count = getattr(shell, "execution_count", None)
+    if kept and kept[0] and isinstance(count, int) and kept[0][-1].execution_count < count:
+        monitor.resume(kept)  # the same run of cells: a count that went back is another
+    for event in HOOKS:
+        shell.events.register(event, getattr(monitor, event))
+    monitor.sampler.start()
+    return monitor
+
+
+def unload(state: ShellState, monitor: LiveMonitor) -> None:
+    """Stop ``monitor``: its hooks, its sampler thread, its views; keep its records."""
+    monitor.stop()
