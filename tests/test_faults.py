@@ -7,8 +7,12 @@ Bounded in time (a fixed seed, a fixed number of tries).
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -210,3 +214,42 @@ def test_hostile_objects_never_break_a_cell(kernel: tuple[KernelManager, Any]) -
     faultcounts.add("cells among hostile objects", tries)
     faultcounts.add("raw tracebacks", errors)
     assert errors == 0
+
+
+# A Ctrl-C raised in the first isinstance check nest's C++ cache makes of a type (here, in
+# ABCMeta.__subclasscheck__, where a real one once landed in CI) is cached as "a CompositeTensor"
+# for the process's life: every later trace fails on '_type_spec'. One shell per process: the
+# cache is TensorFlow's, per process.
+POISON = """
+import json, sys
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+if sys.argv[1] == "kerasmagic":
+    shell.run_line_magic("load_ext", "kerasmagic")
+shell.run_cell("import tensorflow as tf")
+shell.run_cell('''
+import abc
+from tensorflow.python.framework import composite_tensor, ops
+check, armed = abc.ABCMeta.__subclasscheck__, [True]
+def interrupted(cls, sub):
+    if armed and cls is composite_tensor.CompositeTensor and sub is ops.SymbolicTensor:
+        armed.clear()
+        raise KeyboardInterrupt
+    return check(cls, sub)
+abc.ABCMeta.__subclasscheck__ = interrupted
+''')
+results = [shell.run_cell(f"tf.function(lambda v: v * {n})(tf.constant(1.0))") for n in (2, 3)]
+print(json.dumps([repr(r.error_in_exec) for r in results]))
+"""
+
+
+@pytest.mark.parametrize("loaded", [True, False], ids=["kerasmagic", "plain"])
+def test_a_ctrl_c_in_nests_first_type_check_leaves_later_traces_working(loaded: bool) -> None:
+    argv = [sys.executable, "-c", POISON, "kerasmagic" if loaded else "plain"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env)
+    errors = json.loads(done.stdout.strip().splitlines()[-1])
+    if loaded:  # primed before the cell: the interrupted check never runs
+        assert errors == ["None", "None"], done.stdout[-3000:]
+    else:  # the plain process is poisoned: the trace after the interrupted one fails too
+        assert "_type_spec" in errors[1], errors

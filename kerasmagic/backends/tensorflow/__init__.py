@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import CodeType
 from typing import Any
 
-from kerasmagic.backends import Backend, BackendDevice, BackendInfo, Modes, keras_backend
+from kerasmagic.backends import Backend, BackendDevice, BackendInfo, Modes, attempt, keras_backend
 from kerasmagic.backends.tensorflow import graphs, runtime, stack
 from kerasmagic.backends.tensorflow.graphs import GraphInfo, custom_gradient_count, read_graph
 from kerasmagic.backends.tensorflow.runtime import TfInfo, read_tf
@@ -118,6 +118,13 @@ def attach(stop_at: Sequence[CodeType], patch: bool) -> str | None:
     return stack.install() if patch and "tensorflow" in sys.modules else None
 
 
+def read_modes() -> runtime.Mode | None:
+    """Before each cell: prime nest's type checks (``runtime.prime_nest_checks``, once), then
+    read the thread's mode."""
+    attempt(runtime.prime_nest_checks, None, "tensorflow.prime_nest_checks")
+    return runtime.read_mode() if works("tf.modes") else None
+
+
 def put_back(before: object, failed: bool) -> list[str]:
     """Drop the context switches blocks that are over left (after any cell); after a failed
     one, switch eager execution back on if an interrupt left the thread in graph mode."""
@@ -148,6 +155,6 @@ BACKEND = Backend(
     purge=purge,
     attach=attach,
     detach=stack.uninstall,
-    modes=Modes(lambda: runtime.read_mode() if works("tf.modes") else None, put_back),
+    modes=Modes(read_modes, put_back),
     limit=runtime.device_limit,
 )

@@ -188,6 +188,34 @@ class Mode:
     graphs: int  # graphs entered as the default (0 at a cell's top level)
 
 
+_primed: set[str] = set()  # "graph", then "eager" once TensorFlow's runtime is up
+
+
+def prime_nest_checks() -> None:
+    """Have TensorFlow's nest cache its type checks of the leaves every trace meets, while a
+    Ctrl-C is held (before a cell): graph tensors, numpy's and Python's values, and eager
+    tensors once the runtime is up (making one earlier would start it).
+
+    ``nest.flatten`` (every trace) asks a C++ cache whether a leaf's type is a CompositeTensor;
+    the first time per type that runs ``ABCMeta.__instancecheck__`` in Python, and a Ctrl-C
+    raised there is taken for "yes" (an error read as a ``bool``) and cached for the process's
+    life: every later ``fit`` fails with "'SymbolicTensor' object has no attribute
+    '_type_spec'". Once a type is cached, no Python runs there.
+    """
+    if len(_primed) == 2 or (tf := loaded("tensorflow")) is None:
+        return
+    numpy = sys.modules.get("numpy")
+    leaves: list[Any] = [0, 0.0, True, "", b"", None] + ([numpy.zeros(1)] if numpy else [])
+    if "graph" not in _primed:
+        with tf.Graph().as_default():
+            leaves.append(tf.constant(0.0))
+    eager = runtime_initialized()
+    if eager:
+        leaves.append(tf.constant(0.0))
+    tf.nest.flatten(leaves, expand_composites=True)
+    _primed.update(("graph", "eager") if eager else ("graph",))
+
+
 def read_mode() -> Mode | None:
     """Return this thread's mode, or None before TensorFlow is imported (never imports it)."""
     ctx = tf_context()
