@@ -228,8 +228,8 @@ def test_a_backend_whose_read_fails_is_said_once_not_read_as_not_available(
     def broken_read() -> BackendInfo:
         raise KeyError("a bug in kerasmagic's reader")
 
-    fake = dataclasses.replace(torch_backend.BACKEND, in_use=lambda: True, read=broken_read)
-    monkeypatch.setattr(torch_backend, "BACKEND", fake)
+    monkeypatch.setattr(torch_backend, "in_use", lambda: True)
+    monkeypatch.setattr(torch_backend, "read", broken_read)
     monkeypatch.setattr(registry, "_said", set())  # as in a new process: nothing said yet
     with caplog.at_level("WARNING"):
         first, second = backends.read_active(), backends.read_active()

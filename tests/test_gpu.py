@@ -74,13 +74,13 @@ def test_allocator_figures_and_freeing_on_gpu(kip: InteractiveShell) -> None:
     from kerasmagic.backends.tensorflow.runtime import read_tf
 
     run(kip, "big = build(4096)\nbig.fit(x, y, verbose=0)")
-    in_use = read_tf().devices[0].current_bytes
+    in_use = read_tf()[0].in_use_bytes
     assert in_use > 4096 * 20 * 4
     run(kip, "%%fresh_model -q --all\nz = 1")
-    assert read_tf().devices[0].current_bytes < in_use
+    assert read_tf()[0].in_use_bytes < in_use
     from kerasmagic.backends import reset_peaks
 
-    assert reset_peaks() and read_tf().devices[0].peak_bytes <= in_use
+    assert reset_peaks() and read_tf()[0].peak_bytes <= in_use
 
 
 def test_gpu_mem_shows_this_kernel(

@@ -269,21 +269,23 @@ def test_a_cpu_figure_that_misses_tensors_says_so(monkeypatch: pytest.MonkeyPatc
     to get the exact one, unless TF_CPU_ALLOCATOR_USE_BFC counts every tensor (or on a GPU)."""
     import dataclasses
 
+    from kerasmagic.backends import BackendDevice
     from kerasmagic.backends import tensorflow as tf_backend
     from kerasmagic.backends.tensorflow.graphs import GraphInfo
-    from kerasmagic.backends.tensorflow.runtime import TfDeviceMemory, TfInfo
     from kerasmagic.snapshot import take_snapshot
     from kerasmagic.views.render import snapshot_rows
 
-    devices = (TfDeviceMemory("CPU:0", 0, 800_000, "cpu"), TfDeviceMemory("GPU:0", 0, 0, "gpu"))
-    reading = TfInfo(imported=True, initialized=True, devices=devices)
+    devices = (
+        BackendDevice("CPU:0", 0, 800_000, kind="cpu"),
+        BackendDevice("GPU:0", 0, 0, kind="gpu"),
+    )
     graph = GraphInfo(default_graph_ops=0, custom_gradients=0, functions=0)
     for value, missed in (("", True), ("false", True), ("true", False), ("1", False)):
         monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", value)
-        cpu, gpu = tf_backend.info(reading, graph).devices
+        cpu, gpu = tf_backend.info(devices, graph).devices
         assert (cpu.uncounted is not None) is missed and gpu.uncounted is None
     monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "")
-    info = tf_backend.info(dataclasses.replace(reading, devices=devices[:1]), graph)
+    info = tf_backend.info(devices[:1], graph)
     snap = dataclasses.replace(take_snapshot(), backends=(info,))
     (row,) = [text for label, text in snapshot_rows(snap) if label == "TF allocator"]
     assert row == (

@@ -1,8 +1,27 @@
 """Keras's backends (TensorFlow, JAX, PyTorch): allocator, caches, reset and memory settings.
 
-One module per backend, each with a ``BACKEND`` of the same callables. Nothing here imports a
-framework: a backend is in use only once the user (or Keras) has imported it, and a private API
-that is missing or changed gives a "not available" value (None, an empty tuple), never an error.
+One module per backend (``get``), each with the same small interface of functions. Nothing here
+imports a framework: a backend is in use only once the user (or Keras) has imported it, and a
+private API that is missing or changed gives a "not available" value (None, an empty tuple),
+never an error.
+
+Every backend module has ``in_use()``, ``read()`` (a ``BackendInfo``), ``reset()`` (empties the
+backend's caches before a cleanup's collection; says what it did) and ``configure(growth,
+limit_mb)`` (one line), and ``modes`` (a ``Modes``, or None). The rest is what only some
+backends have (TensorFlow, mostly); missing: nothing to do. ``reset_peaks()`` (the devices
+reset), ``release()`` (hands cached device blocks back to the driver after the collection),
+``collect(run)`` (runs that one collection with the backend's own work around it: TensorFlow
+purges its gradient registry; says what it released), ``allocated()`` (the bytes its allocator
+holds now, the cleanup report's figure), ``read_light()`` (``read`` without its slow figures,
+for the between-cell record) and ``refresh(earlier)`` (``read`` off the main thread, keeping the
+per-thread figures of an earlier reading), ``clear_traces(namespace, stale, roots)`` (drop the
+traced functions' entries that hold what a cleanup cut), ``traced(model)`` (a model's traced ops
+and their estimated bytes), ``registered()`` and ``purge(namespace)`` (entries kept per model
+until a purge, freed between models in one cell), ``attach(stop_at, patch)`` and ``detach()``
+(patches that live while the extension is loaded; ``attach`` says in one line why one could not
+be made), and ``limit(device, gpu_totals, host_total)`` (a device's ``Limit``, for a backend that
+caps its devices without reporting the cap; without it: the reported limit, else host RAM or the
+GPU's total).
 """
 
 from __future__ import annotations
@@ -72,13 +91,8 @@ class BackendInfo:
         """Rebuild from ``dataclasses.asdict`` output."""
         devices = tuple(BackendDevice(**d) for d in data.get("devices", ()))
         caches = {str(k): int(v) for k, v in dict(data.get("caches", {})).items()}
-        keras, notes = bool(data.get("keras", False)), tuple(data.get("notes", ()))
-        name, version, platform = str(data["name"]), data.get("version"), data.get("platform")
-        return cls(name, version, keras, platform, devices, caches, notes)
-
-
-ClearTraces = Callable[[Mapping[str, Any], Sequence[Any], Sequence[Any]], list[str]]
-DeviceLimit = Callable[[str, Sequence[int], int | None], Limit | None]
+        head = str(data["name"]), data.get("version"), bool(data.get("keras", False))
+        return cls(*head, data.get("platform"), devices, caches, tuple(data.get("notes", ())))
 
 
 @dataclass(frozen=True)
@@ -89,49 +103,6 @@ class Modes:
 
     read: Callable[[], object]
     put_back: Callable[[object, bool], list[str]]
-
-
-@dataclass(frozen=True)
-class Backend:
-    """The same small interface for every backend; see the modules beside this one.
-
-    ``reset`` empties the backend's caches before a cleanup's collection; ``collect``, if
-    any, runs that one collection with the backend's own work around it (TensorFlow purges
-    its gradient registry) and says what it released; ``release`` hands cached device blocks
-    back to the driver after it.
-
-    The rest is what only some backends have (TensorFlow, today); None: nothing to do.
-    ``allocated`` (the bytes its allocator holds now, the cleanup report's figure),
-    ``read_light`` (``read`` without its slow figures, for the between-cell record) and
-    ``refresh`` (``read`` off the main thread, keeping the per-thread figures of an earlier
-    reading), ``clear_traces`` (drop the traced functions' entries that hold what a cleanup
-    cut), ``traced`` (a model's traced ops and their estimated bytes), ``registered`` and
-    ``purge`` (entries kept per model until a purge, freed between models in one cell),
-    ``attach`` and ``detach`` (patches that live while the extension is loaded; ``attach``
-    says in one line why one could not be made), ``modes``, and ``limit`` (a device's limit,
-    given each GPU's total and the host's RAM, for a backend that caps its devices without
-    reporting the cap; without it: the reported limit, else host RAM or the GPU's total).
-    """
-
-    name: str
-    in_use: Callable[[], bool]
-    read: Callable[[], BackendInfo]
-    reset: Callable[[], list[str]]
-    configure: Callable[[bool, int | None], str]
-    reset_peaks: Callable[[], list[str]] | None = None
-    release: Callable[[], list[str]] | None = None
-    collect: Callable[[Callable[[], object]], list[str]] | None = None
-    allocated: Callable[[], int | None] | None = None
-    read_light: Callable[[], BackendInfo] | None = None
-    refresh: Callable[[BackendInfo], BackendInfo] | None = None
-    clear_traces: ClearTraces | None = None
-    traced: Callable[[Any], tuple[int | None, int | None]] | None = None
-    registered: Callable[[], int | None] | None = None
-    purge: Callable[[Mapping[str, Any]], int] | None = None
-    attach: Callable[[Sequence[CodeType], bool], str | None] | None = None
-    detach: Callable[[], None] | None = None
-    modes: Modes | None = None
-    limit: DeviceLimit | None = None
 
 
 def attempt(read: Callable[[], T], default: T, site: str | None = None) -> T:
@@ -152,12 +123,12 @@ def attempt(read: Callable[[], T], default: T, site: str | None = None) -> T:
         return default
 
 
-def get(name: str) -> Backend:
-    """Return the backend called ``name`` (one of ``NAMES``); never imports the framework."""
+def get(name: str) -> Any:
+    """Return the module of the backend called ``name`` (one of ``NAMES``); never imports the
+    framework."""
     if name not in NAMES:
         raise ValueError(unsupported(name))
-    backend: Backend = importlib.import_module(f"kerasmagic.backends.{name}").BACKEND
-    return backend
+    return importlib.import_module(f"kerasmagic.backends.{name}")
 
 
 def keras_backend() -> str | None:
@@ -186,11 +157,11 @@ def unsupported(name: str) -> str:
     )
 
 
-def active() -> list[Backend]:
-    """Return the backends in use, Keras's own first."""
+def active() -> list[str]:
+    """Return the names of the backends in use, Keras's own first."""
     first = keras_backend()
     names = sorted(NAMES, key=lambda n: n != first)
-    return [b for b in (get(n) for n in names) if attempt(b.in_use, False, f"{b.name}.in_use")]
+    return [n for n in names if attempt(get(n).in_use, False, f"{n}.in_use")]
 
 
 def read_active(
@@ -198,41 +169,37 @@ def read_active(
 ) -> tuple[BackendInfo, ...]:
     """Read every backend in use; ``light`` leaves out the figures that are slow to read.
     From a background thread, ``earlier`` (the last readings) gives what the thread cannot
-    read afresh (TensorFlow's default graph is per thread): ``Backend.refresh``."""
-    before = {info.name: info for info in earlier or ()}
-    light = light or earlier is not None
+    read afresh (TensorFlow's default graph is per thread): a backend's ``refresh``."""
+    before, light = {info.name: info for info in earlier or ()}, light or earlier is not None
     out = []
-    for b in active():
-        base = before.get(b.name)
-        read = b.read_light if light and b.read_light else b.read
-        if b.refresh is not None and base is not None:
-            read = functools.partial(b.refresh, base)
-        out.append(attempt(read, None, f"{b.name}.read"))
+    for name in active():
+        b = get(name)
+        read = getattr(b, "read_light", b.read) if light else b.read
+        if hasattr(b, "refresh") and name in before:
+            read = functools.partial(b.refresh, before[name])
+        out.append(attempt(read, None, f"{name}.read"))
     return tuple(info for info in out if info is not None)
 
 
-def _each(
-    attr: str, *args: Any, site: str = "", every: bool = False, skip: Sequence[str] = ()
-) -> dict[str, Any]:
+def _each(attr: str, *args: Any, site: str = "", every: bool = False) -> dict[str, Any]:
     """Return each backend in use's (``every``: each one's) ``attr(*args)``, by name, where it
-    has that field and is not in ``skip``; a failure (said once per ``site``, the field's name
-    unless given) or a None answer is left out."""
+    has that field; a failure (said once per ``site``, the field's name unless given) or a None
+    answer is left out."""
     out = {}
-    for b in [get(n) for n in NAMES] if every else active():
-        call = getattr(b, attr)
-        if call is not None and b.name not in skip:
-            site_name = f"{b.name}.{site or attr}"
-            out[b.name] = attempt(functools.partial(call, *args), None, site_name)
+    for name in NAMES if every else active():
+        call = getattr(get(name), attr, None)
+        if call is not None:
+            out[name] = attempt(functools.partial(call, *args), None, f"{name}.{site or attr}")
     return {name: answer for name, answer in out.items() if answer is not None}
 
 
-def _lines(attr: str, *args: Any, site: str = "", skip: Sequence[str] = ()) -> list[str]:
-    return [line for said in _each(attr, *args, site=site, skip=skip).values() for line in said]
+def _lines(attr: str, *args: Any, site: str = "") -> list[str]:
+    return [line for said in _each(attr, *args, site=site).values() for line in said]
 
 
-def reset_active(skip: tuple[str, ...] = ()) -> list[str]:
+def reset_active() -> list[str]:
     """Reset every backend in use (caches, cached allocator blocks); return what was done."""
-    return _lines("reset", skip=skip)
+    return _lines("reset")
 
 
 def collect_active() -> list[str]:
@@ -240,24 +207,17 @@ def collect_active() -> list[str]:
     return what they released, in words."""
     said: list[str] = []
     run: Callable[[], object] = gc.collect
-    for b in active():
-        if b.collect is not None:
-            run = functools.partial(_around, b, run, said)
+    for name in active():
+        if hasattr(get(name), "collect"):
+            run = functools.partial(_around, name, get(name).collect, run, said)
     run()
     return said
 
 
-def _around(backend: Backend, inner: Callable[[], object], said: list[str]) -> None:
-    ran: list[bool] = []
-
-    def collect() -> None:
-        ran.append(True)
-        inner()
-
-    wrap = backend.collect
-    assert wrap is not None
-    said.extend(attempt(lambda: wrap(collect), [], f"{backend.name}.collect"))
-    if not ran:  # the backend's own work failed before it collected: collect anyway
+def _around(name: str, wrap: Callable[..., list[str]], inner: Any, said: list[str]) -> None:
+    left = [inner]  # emptied as the backend's own work runs the collection
+    said.extend(attempt(lambda: wrap(lambda: left.pop()()), [], f"{name}.collect"))
+    if left:  # the backend's own work failed before it collected: collect anyway
         inner()
 
 
@@ -296,15 +256,13 @@ def clear_traces(
 
 def traced(model: Any) -> tuple[int | None, int | None]:
     """Return the ops its backend traced for ``model`` and their estimated bytes, if known."""
-    found = [pair for pair in _each("traced", model).values() if pair[0] is not None]
-    return found[0] if found else (None, None)
+    return next((p for p in _each("traced", model).values() if p[0] is not None), (None, None))
 
 
 def registered() -> int | None:
     """Return the entries the backends keep per model until a purge (TF's custom gradients);
     None when no backend in use keeps any. Never imports a framework."""
-    found = [get(n).registered for n in NAMES]
-    counts = [n for n in (attempt(f, None) for f in found if f is not None) if n is not None]
+    counts = _each("registered", every=True).values()
     return sum(counts) if counts else None
 
 

@@ -11,11 +11,10 @@ import os
 import sys
 from typing import Any
 
-from kerasmagic.backends import Backend, BackendDevice, BackendInfo, attempt, keras_backend
+from kerasmagic.backends import BackendDevice, BackendInfo, attempt, keras_backend
 from kerasmagic.compat.registry import loaded, works
 
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
-MEM_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 ALLOCATOR = "XLA_PYTHON_CLIENT_ALLOCATOR"
 PREALLOCATED = (
     "JAX pre-allocated most of this GPU (XLA_PYTHON_CLIENT_PREALLOCATE): NVML's figure is the "
@@ -72,8 +71,7 @@ def caches(jax: Any) -> dict[str, int]:
     out: dict[str, int] = {}
     arrays = attempt(jax.live_arrays, None)
     if arrays is not None:
-        out["live_arrays"] = len(arrays)
-        out["live_array_bytes"] = sum(_nbytes(a) for a in arrays)
+        out = {"live_arrays": len(arrays), "live_array_bytes": sum(_nbytes(a) for a in arrays)}
     compiled = compiled_count()
     return out if compiled is None else {**out, "compiled": compiled}
 
@@ -115,15 +113,14 @@ def configure(growth: bool, limit_mb: int | None) -> str:
         if not gpus.devices:
             return f"no GPU to cap for JAX ({gpus.message or gpus.status})"
         total = min(d.total_bytes for d in gpus.devices)
-        settings[MEM_FRACTION] = f"{min(1.0, limit_mb * 2**20 / total):.3f}"
+        settings["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(1.0, limit_mb * 2**20 / total):.3f}"
     shown = " and ".join(f"{k}={v}" for k, v in settings.items())
+    if started() and _platform(loaded("jax")) == "cpu":
+        return "JAX runs on the CPU in this kernel: no GPU memory to configure"
     if started():
-        jax = loaded("jax")
-        if jax is not None and _platform(jax) == "cpu":
-            return "JAX runs on the CPU in this kernel: no GPU memory to configure"
         return TOO_LATE.format(settings=shown)
     os.environ.update(settings)
     return f"{shown} set for JAX (read when JAX starts its devices)"
 
 
-BACKEND = Backend("jax", in_use, read, reset, configure)
+modes = None  # no thread-wide modes to put back

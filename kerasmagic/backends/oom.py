@@ -5,7 +5,7 @@ kernel and an isolated child's error, which comes back as its type's name and it
 A device's limit is the cap the user set, else the device's size.
 
 JAX and PyTorch report their own limit (``bytes_limit``; the total, times
-``set_per_process_memory_fraction``); TensorFlow's cap is read by its ``Backend.limit``
+``set_per_process_memory_fraction``); TensorFlow's cap is read by its backend's ``limit``
 (``backends/tensorflow/runtime.py``). Without a cap, a GPU's limit is its total (NVML) and a
 CPU's the host's RAM.
 """
@@ -108,12 +108,9 @@ def parse_oom(kind: str, module: str, text: str) -> OomError | None:
     if cpu is not None:
         return OomError("torch", "cpu", int(cpu[1]), None, None)
     if "RESOURCE_EXHAUSTED" in text and (kind in JAX_ERRORS or text.lstrip().startswith("RES")):
-        match = JAX_WANTED.search(text)
-        asked = match and (match["bytes"] or match["b"])
-        ordinal = JAX_DEVICE.search(text)
-        return OomError(
-            "jax", ordinal and f"gpu:{ordinal[1]}", int(asked) if asked else None, None, None
-        )
+        asked, ordinal = JAX_WANTED.search(text), JAX_DEVICE.search(text)
+        wanted = int(asked["bytes"] or asked["b"]) if asked else None
+        return OomError("jax", ordinal and f"gpu:{ordinal[1]}", wanted, None, None)
     return None
 
 
@@ -156,11 +153,11 @@ def device_limit(
 
     ``reported`` is the backend's own figure (JAX's ``bytes_limit``, PyTorch's capped total);
     ``host_total`` the host's RAM, the limit of a CPU without a cap. A backend that caps its
-    devices without reporting it (TensorFlow) says through its ``Backend.limit``.
+    devices without reporting it (TensorFlow) says through its ``limit``.
     """
-    own = get(backend).limit if backend in NAMES else None
+    own = getattr(get(backend), "limit", None) if backend in NAMES else None
     if own is not None and device is not None:
-        return own(device, [g.total_bytes for g in gpus], host_total)
+        return own(device, [g.total_bytes for g in gpus], host_total)  # type: ignore[no-any-return]
     if reported:
         return Limit(reported, f"{LABELS.get(backend, backend)}'s limit")
     if is_cpu(device) and host_total:
@@ -179,9 +176,5 @@ def same_device(a: str | None, b: str | None) -> bool:
     """Return True when two names mean the same device (``cuda:0`` is ``GPU:0``)."""
     if a is None or b is None:
         return a is b
-
-    def norm(name: str) -> str:
-        kind, _, index = name.lower().replace("cuda", "gpu").partition(":")
-        return f"{kind}:{index or '0'}"
-
-    return norm(a) == norm(b)
+    names = [name.lower().replace("cuda", "gpu").partition(":") for name in (a, b)]
+    return len({(kind, index or "0") for kind, _, index in names}) == 1

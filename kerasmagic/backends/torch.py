@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from typing import Any
 
-from kerasmagic.backends import Backend, BackendDevice, BackendInfo, Modes, attempt, keras_backend
+from kerasmagic.backends import BackendDevice, BackendInfo, Modes, attempt, keras_backend
 from kerasmagic.compat.registry import loaded, works
 
 RESTORED = (
@@ -57,26 +57,21 @@ def _device(torch: Any, index: int) -> BackendDevice:
     )
 
 
-def compiled_frames() -> int | None:
-    """Return how many code objects torch.compile (dynamo) has compiled, if dynamo is loaded."""
-    convert = sys.modules.get("torch._dynamo.convert_frame")
-    tracker = getattr(convert, "input_codes", None) if works("torch.dynamo") else None
-    return attempt(lambda: len(tracker.seen), None) if tracker is not None else None
-
-
 def read() -> BackendInfo:
-    """Return per-GPU allocated/reserved/peak once CUDA is up, and dynamo's compiled frames."""
+    """Return per-GPU allocated/reserved/peak once CUDA is up, and how many code objects
+    torch.compile (dynamo) has compiled, if dynamo is loaded."""
     torch = loaded_torch()
     version, keras = getattr(torch, "__version__", None), keras_backend() == "torch"
     if torch is None:
         return BackendInfo("torch", version, keras, None)
-    frames = compiled_frames()
+    convert = sys.modules.get("torch._dynamo.convert_frame")
+    tracker = getattr(convert, "input_codes", None) if works("torch.dynamo") else None
+    frames = attempt(lambda: len(tracker.seen), None) if tracker is not None else None
     caches = {} if frames is None else {"compiled_frames": frames}
-    if not cuda_started(torch):
-        return BackendInfo("torch", version, keras, "cpu", caches=caches)
-    count = attempt(lambda: int(torch.cuda.device_count()), 0)
+    gpu = cuda_started(torch)
+    count = attempt(lambda: int(torch.cuda.device_count()), 0) if gpu else 0
     devices = tuple(_device(torch, i) for i in range(count))
-    return BackendInfo("torch", version, keras, "gpu", devices, caches)
+    return BackendInfo("torch", version, keras, "gpu" if gpu else "cpu", devices, caches)
 
 
 def reset() -> list[str]:
@@ -127,12 +122,6 @@ def reset_peaks() -> list[str]:
     return [f"cuda:{i}" for i in range(count)]
 
 
-def grad_enabled() -> bool | None:
-    """Return whether gradients are on for this thread, once PyTorch is imported."""
-    torch = loaded_torch()
-    return bool(torch.is_grad_enabled()) if torch is not None else None
-
-
 def put_back(before: object, failed: bool) -> list[str]:
     """After a failed cell that started with gradients on: switch them on again if an
     interrupt inside ``torch.no_grad()`` left them off (a cell that succeeds keeps its own
@@ -144,13 +133,9 @@ def put_back(before: object, failed: bool) -> list[str]:
     return [RESTORED]
 
 
-BACKEND = Backend(
-    "torch",
-    in_use,
-    read,
-    reset,
-    configure,
-    reset_peaks,
-    release,
-    modes=Modes(grad_enabled, put_back),
-)
+def grad_enabled() -> bool | None:
+    """Return whether gradients are on for this thread, once PyTorch is imported."""
+    return bool(torch.is_grad_enabled()) if (torch := loaded_torch()) is not None else None
+
+
+modes = Modes(grad_enabled, put_back)

@@ -34,7 +34,7 @@ back, with one line saying so. A cell that succeeds keeps what it set:
 ``torch.set_grad_enabled(False)`` on purpose is left alone. Stale context switches are dropped
 after any cell, with one line: a cell that catches the Ctrl-C (``except KeyboardInterrupt``
 around ``fit``) succeeds, and leaves them all the same. Each backend reads and puts back its
-own (``Backend.modes``: ``backends/torch.py``, ``backends/tensorflow/__init__.py``).
+own (a backend's ``modes``: ``backends/torch.py``, ``backends/tensorflow/__init__.py``).
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ class KernelGuard(Recorder):
 
 
 class ModeGuard:
-    """Remember each backend's modes before each cell (``Backend.modes``); after it, let each
+    """Remember each backend's modes before each cell (a backend's ``modes``); after it, let each
     put back what a cell that failed left switched, and print what it did."""
 
     def __init__(self) -> None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from types import CodeType
 from typing import Any
 
-from kerasmagic.backends import Backend, BackendDevice, BackendInfo, Modes, attempt, keras_backend
+from kerasmagic.backends import BackendDevice, BackendInfo, Modes, attempt, keras_backend
 from kerasmagic.backends.tensorflow import graphs, runtime, stack
 from kerasmagic.backends.tensorflow.graphs import GraphInfo, custom_gradient_count, read_graph
-from kerasmagic.backends.tensorflow.runtime import TfInfo, read_tf
+from kerasmagic.backends.tensorflow.runtime import read_tf
 from kerasmagic.compat.registry import works
 
 RESTORED_EAGER = (
@@ -49,20 +50,17 @@ def in_use() -> bool:
     return "tensorflow" in sys.modules and runtime.tf_context() is not None
 
 
-def info(tf: TfInfo, graph: GraphInfo) -> BackendInfo:
-    """Return TensorFlow's figures from readings already taken."""
+def info(tf: tuple[BackendDevice, ...] | None, graph: GraphInfo) -> BackendInfo:
+    """Return TensorFlow's figures from readings already taken (``read_tf``'s: None before its
+    runtime started)."""
     version = getattr(sys.modules.get("tensorflow"), "__version__", None)
-    miss = {"cpu": cpu_uncounted()}  # a GPU's BFC allocator counts every tensor
-    devices = tuple(
-        BackendDevice(d.device, d.current_bytes, d.peak_bytes, None, None, d.kind, miss.get(d.kind))
-        for d in tf.devices
-    )
+    miss = cpu_uncounted()  # a GPU's BFC allocator counts every tensor
+    devices = tuple(replace(d, uncounted=miss if d.kind == "cpu" else None) for d in tf or ())
     caches = {k: v for k, v in vars(graph).items() if v is not None}
-    on_gpu = any(d.kind == "gpu" for d in tf.devices)
-    platform = ("gpu" if on_gpu else "cpu") if tf.initialized else None
-    return BackendInfo(
-        "tensorflow", version, keras_backend() == "tensorflow", platform, devices, caches
-    )
+    on_gpu = any(d.kind == "gpu" for d in devices)
+    platform = None if tf is None else "gpu" if on_gpu else "cpu"
+    keras = keras_backend() == "tensorflow"
+    return BackendInfo("tensorflow", version, keras, platform, devices, caches)
 
 
 def read() -> BackendInfo:
@@ -138,23 +136,25 @@ def put_back(before: object, failed: bool) -> list[str]:
     return said
 
 
-BACKEND = Backend(
-    "tensorflow",
-    in_use,
-    read,
-    reset,
-    runtime.configure_tensorflow,
-    runtime.reset_tf_peaks,
-    collect=collect,
-    allocated=lambda: read_tf().current_bytes,
-    read_light=lambda: info(read_tf(), read_graph(functions=False)),  # less ~1 ms
-    refresh=refresh,
-    clear_traces=graphs.clear_stale_traces,
-    traced=lambda model: (ops := graphs.traced_ops(model), graphs.estimate_bytes(ops)),
-    registered=custom_gradient_count,
-    purge=purge,
-    attach=attach,
-    detach=stack.uninstall,
-    modes=Modes(read_modes, put_back),
-    limit=runtime.device_limit,
-)
+def allocated() -> int | None:
+    """Return the bytes TensorFlow's allocator holds now over every device that keeps statistics
+    (the cleanup report's figure)."""
+    return read_light().in_use_bytes
+
+
+def read_light() -> BackendInfo:
+    """Return ``read()`` less the function library's size (~1 ms)."""
+    return info(read_tf(), read_graph(functions=False))
+
+
+def traced(model: Any) -> tuple[int | None, int | None]:
+    """Return the ops in the graphs ``model``'s traced functions hold, and their estimated bytes."""
+    ops = graphs.traced_ops(model)
+    return ops, ops and ops * graphs.OP_BYTES
+
+
+# The rest of the interface of ``kerasmagic.backends``.
+configure, reset_peaks = runtime.configure_tensorflow, runtime.reset_tf_peaks
+clear_traces, registered = graphs.clear_stale_traces, custom_gradient_count
+detach, limit = stack.uninstall, runtime.device_limit
+modes = Modes(read_modes, put_back)

@@ -103,9 +103,7 @@ def _park(entries: dict[str, Any], name: str, graph_type: type) -> list[weakref.
             if isinstance(graph, graph_type):
                 graphs[id(graph)] = graph
     for graph in graphs.values():
-        if getattr(graph, _PARKED, None) is None:
-            setattr(graph, _PARKED, {})
-        getattr(graph, _PARKED)[name] = entry
+        setattr(graph, _PARKED, {**(getattr(graph, _PARKED, None) or {}), name: entry})
     return [weakref.ref(graph) for graph in graphs.values()] or None
 
 
@@ -144,7 +142,7 @@ def purge_custom_gradients(collect: Callable[[], object] = gc.collect) -> PurgeR
 # -- traced: What a Keras model keeps besides its weights: the graphs of its traced TensorFlow f
 # Measured here (TF 2.21, Keras 3.15, CPU): Dense 256-256-10 fitted and predicted traces
 # 1,302 ops; dropping 8 such models freed 23.9 MB each, 1.1 MB of it weights and Adam state.
-OP_BYTES = 16 * 1024
+OP_BYTES = 16 * 1024  # estimated bytes a traced op keeps alive
 FUNCTION_ATTRS = ("train_function", "test_function", "predict_function")
 
 
@@ -171,26 +169,10 @@ def traced_ops(model: Any) -> int | None:
         return None
 
 
-def estimate_bytes(ops: int | None) -> int | None:
-    """Return the estimated bytes that ``ops`` traced ops keep alive (see ``OP_BYTES``)."""
-    return None if ops is None else ops * OP_BYTES
-
-
 # -- traces: Free the traces that a user's ``tf.function`` keeps of models a cleanup dropped
 _FUNCTION = "tensorflow.python.eager.polymorphic_function.polymorphic_function"
 _CACHE = "tensorflow.core.function.polymorphism.function_cache"
 _LOCK_TIMEOUT_S = 0.5
-
-
-def _tf_types() -> tuple[type, type] | None:
-    """Return (``Function``, ``FunctionCache``) if TensorFlow is imported and has them."""
-    if _FUNCTION not in sys.modules or not works("tf.function_traces"):  # said by compat
-        return None
-    function = getattr(sys.modules.get(_FUNCTION), "Function", None)
-    cache = getattr(sys.modules.get(_CACHE), "FunctionCache", None)
-    if isinstance(function, type) and isinstance(cache, type):
-        return function, cache
-    return None
 
 
 def variable_ids(models: Iterable[Any]) -> set[int]:
@@ -225,18 +207,17 @@ def _is_stale(concrete: Any, stale_ids: set[int]) -> bool:
 def _cache_of(fn: Any, cache_type: type) -> Any | None:
     """Return the Function's trace cache if it looks as TensorFlow 2.21 lays it out, else None."""
     cache = getattr(fn, "_function_cache", None)
-    configs = ("_variable_creation_config", "_no_variable_creation_config")
+    names = ("_variable_creation_config", "_no_variable_creation_config")
+    configs = [getattr(fn, name, None) for name in names]
     if (
         type(cache) is not cache_type
         or not callable(getattr(cache, "delete", None))
         or not isinstance(primary := getattr(cache, "_primary", None), dict)
         or not isinstance(getattr(cache, "_dispatch_dict", None), dict)
         or not all(type(key) is tuple and len(key) == 2 for key in primary)
+        or any(c is not None and getattr(c, "function_cache", None) is not cache for c in configs)
     ):
         return None
-    for config in (getattr(fn, name, None) for name in configs):
-        if config is not None and getattr(config, "function_cache", None) is not cache:
-            return None
     return cache
 
 
@@ -252,38 +233,24 @@ def _drop(fn: Any, cache: Any, stale_ids: set[int]) -> int:
         if cached or _is_stale(first, stale_ids):
             fn._concrete_variable_creation_fn = None  # read only during the first call
             dropped += not cached
-    if dropped and getattr(fn, "_created_variables", None):
-        initializers = _first_call_initializers(fn)
-        if initializers is not None:
+    # The list of (variable, initial value) the first call's variable creator fills: TensorFlow
+    # keeps it in a closure of the first call's tracing options for the Function's life, so the
+    # variables that call created (an optimizer's slots, built inside the step) and the model
+    # they were made for outlive both, until the Function itself goes. Works: moved, said once.
+    if dropped and getattr(fn, "_created_variables", None) and works("tf.first_call_initializers"):
+        wrapped = getattr(getattr(fn, "_variable_creation_config", None), "python_function", None)
+        initializers = _closure_value(_closure_value(wrapped, "scope"), "add_initializers_to")
+        if type(initializers) is list:
             initializers.clear()  # run once, at the first call; they hold what it created
     return dropped
 
 
-def _first_call_initializers(fn: Any) -> list[Any] | None:
-    """Return the list of (variable, initial value) the first call's variable creator fills.
-
-    TensorFlow keeps it in a closure of the first call's tracing options for the Function's
-    life, so the variables that call created (an optimizer's slots, built inside the step) and
-    the model they were made for outlive both, until the Function itself goes.
-    """
-    if not works("tf.first_call_initializers"):  # moved: said once, by compat
-        return None
-    config = getattr(fn, "_variable_creation_config", None)
-    wrapped = getattr(config, "python_function", None)
-    scope = _closure_value(wrapped, "scope")
-    found = _closure_value(scope, "add_initializers_to")
-    return found if type(found) is list else None
-
-
 def _closure_value(function: Any, name: str) -> Any:
-    """Return the value of ``function``'s free variable ``name``, or None."""
-    if type(function) is not pytypes.FunctionType or name not in function.__code__.co_freevars:
+    """Return the value of ``function``'s free variable ``name``, or None (an empty cell too)."""
+    if type(function) is not pytypes.FunctionType:
         return None
-    cell = function.__closure__[function.__code__.co_freevars.index(name)]  # type: ignore[index]
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell
-        return None
+    cells = dict(zip(function.__code__.co_freevars, function.__closure__ or (), strict=False))
+    return attempt(lambda: cells[name].cell_contents, None)
 
 
 def _clear(path: str, fn: Any, cache_type: type, stale_ids: set[int]) -> str | None:
@@ -320,10 +287,12 @@ def clear_stale_traces(
 
     Variables that a ``kept`` model shares (a reused encoder) never make a trace stale.
     """
-    found = _tf_types()
-    if found is None:
+    if _FUNCTION not in sys.modules or not works("tf.function_traces"):  # said by compat
         return []
-    function_type, cache_type = found
+    function_type = getattr(sys.modules.get(_FUNCTION), "Function", None)
+    cache_type = getattr(sys.modules.get(_CACHE), "FunctionCache", None)
+    if not isinstance(function_type, type) or not isinstance(cache_type, type):
+        return []
     stale_ids = variable_ids(stale) - variable_ids(kept)
     notes = [
         _clear(path, fn, cache_type, stale_ids) for path, fn in instances_near(ns, function_type)

@@ -13,52 +13,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kerasmagic.backends import Limit
+from kerasmagic.backends import BackendDevice, Limit
 from kerasmagic.backends.oom import GPU_TOTAL, HOST_RAM, index_of, is_cpu
 from kerasmagic.compat.registry import loaded, say_once, works
 
 
 # -- alloc: TensorFlow's own allocator figures, read only when the user has imported TensorFlow
-@dataclass(frozen=True)
-class TfDeviceMemory:
-    """Bytes TensorFlow's allocator has in use on one device now and at its peak.
-
-    ``kind`` is "cpu" or "gpu". CPU:0 keeps statistics where oneDNN is on (TensorFlow turns
-    it on only for CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX), but oneDNN's
-    allocator leaves tensors under 256 KB uncounted; ``TF_CPU_ALLOCATOR_USE_BFC=true``, set
-    before TensorFlow starts, puts CPU tensors on a BFC allocator that counts every one, as
-    a GPU's does (notes/tf-memory.md).
-    """
-
-    device: str
-    current_bytes: int
-    peak_bytes: int
-    kind: str = "gpu"
-
-
-@dataclass(frozen=True)
-class TfInfo:
-    """Whether TensorFlow is imported and its runtime started, and allocator use per device."""
-
-    imported: bool
-    initialized: bool
-    devices: tuple[TfDeviceMemory, ...]
-
-    @property
-    def current_bytes(self) -> int | None:
-        """Return the bytes of TensorFlow tensors over every device that keeps statistics."""
-        return sum(d.current_bytes for d in self.devices) if self.devices else None
-
-
 def tf_context() -> Any | None:
     """Return TensorFlow's eager context if TensorFlow is imported, without importing it.
 
     None while ``import tensorflow`` is still running (another thread may be sampling).
     """
-    module = loaded("tensorflow.python.eager.context")
-    if module is None:
-        return None
-    return module.context() if works("tf.context") else None  # moved: said once, by compat
+    module = loaded("tensorflow.python.eager.context")  # tf.context moved: said once, by compat
+    return module.context() if module is not None and works("tf.context") else None
 
 
 def runtime_initialized() -> bool:
@@ -67,36 +34,37 @@ def runtime_initialized() -> bool:
     return ctx is not None and getattr(ctx, "_context_handle", None) is not None
 
 
-def stat_device_names() -> list[tuple[str, str]]:
-    """Return (name, kind) of every device whose allocator may keep statistics: CPU:0, and
-    TensorFlow's logical GPUs ("GPU:0", ...), once its runtime is up."""
+def _each_device(method: str) -> list[tuple[str, str, Any]]:
+    """Return (name, kind, answer) of each device whose allocator may keep statistics (CPU:0,
+    and TensorFlow's logical GPUs "GPU:0", ..., once its runtime is up), ``method`` of
+    ``tf.config.experimental`` asked of it; one without ("Allocator stats not available": a
+    CPU with ``TF_ENABLE_ONEDNN_OPTS=0``, some builds) is left out."""
     ctx = tf_context()
     if ctx is None or not runtime_initialized():
         return []
     gpus = ctx.list_logical_devices("GPU")
-    return [("CPU:0", "cpu")] + [(f"GPU:{i}", "gpu") for i in range(len(gpus))]
-
-
-def _each_device(method: str) -> list[tuple[str, str, Any]]:
-    """Return (name, kind, answer) of each device with statistics, ``method`` of
-    ``tf.config.experimental`` asked of it; one without ("Allocator stats not available": a
-    CPU with ``TF_ENABLE_ONEDNN_OPTS=0``, some builds) is left out."""
     out = []
-    for name, kind in stat_device_names():
+    for name, kind in [("CPU:0", "cpu")] + [(f"GPU:{i}", "gpu") for i in range(len(gpus))]:
         with contextlib.suppress(ValueError, RuntimeError):
             call = getattr(sys.modules["tensorflow"].config.experimental, method)
             out.append((name, kind, call(name)))
     return out
 
 
-def read_tf() -> TfInfo:
-    """Return allocator use per device; never imports TensorFlow or starts its runtime."""
-    imported = "tensorflow" in sys.modules and tf_context() is not None
-    if not imported or not runtime_initialized():
-        return TfInfo(imported=imported, initialized=False, devices=())
+def read_tf() -> tuple[BackendDevice, ...] | None:
+    """Return the bytes TensorFlow's allocator has in use on each device now and at its peak
+    (``BackendDevice``'s name, in use, peak and kind), or None before its runtime started;
+    never imports TensorFlow or starts its runtime.
+
+    CPU:0 keeps statistics where oneDNN is on (TensorFlow turns it on only for CPUs with
+    AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX), but oneDNN's allocator leaves tensors under
+    256 KB uncounted; ``TF_CPU_ALLOCATOR_USE_BFC=true``, set before TensorFlow starts, puts CPU
+    tensors on a BFC allocator that counts every one, as a GPU's does (notes/tf-memory.md).
+    """
+    if "tensorflow" not in sys.modules or not runtime_initialized():
+        return None
     found = _each_device("get_memory_info")
-    devices = (TfDeviceMemory(n, int(i["current"]), int(i["peak"]), k) for n, k, i in found)
-    return TfInfo(imported=True, initialized=True, devices=tuple(devices))
+    return tuple(BackendDevice(n, int(i["current"]), int(i["peak"]), kind=k) for n, k, i in found)
 
 
 def reset_tf_peaks() -> list[str]:
@@ -167,8 +135,8 @@ def tf_gpu_limit(
 
 
 def device_limit(device: str, totals: Sequence[int], host_total: int | None) -> Limit | None:
-    """Return the limit of TensorFlow's ``device`` (``Backend.limit``): its cap, else the host's
-    RAM (``CPU:0``) or its GPU's total."""
+    """Return the limit of TensorFlow's ``device`` (the backend's ``limit``): its cap, else the
+    host's RAM (``CPU:0``) or its GPU's total."""
     if is_cpu(device):
         cap = os.environ.get(CPU_CAP_VAR, "")
         if cap.isdigit():
@@ -216,14 +184,22 @@ def prime_nest_checks() -> None:
     _primed.update(("graph", "eager") if eager else ("graph",))
 
 
-def read_mode() -> Mode | None:
-    """Return this thread's mode, or None before TensorFlow is imported (never imports it)."""
-    ctx = tf_context()
-    ops = sys.modules.get("tensorflow.python.framework.ops")
+def _stacks() -> tuple[Any, list[Any], list[Any]] | None:
+    """Return the eager context, its stack of context switches and the default-graph stack of
+    this thread, or None before TensorFlow is imported (never imports it)."""
+    ctx, ops = tf_context(), sys.modules.get("tensorflow.python.framework.ops")
     if ctx is None or ops is None:
         return None
     graphs = getattr(getattr(ops, "_default_graph_stack", None), "stack", ())
-    return Mode(bool(ctx.executing_eagerly()), len(ctx.context_switches.stack), len(graphs))
+    return ctx, ctx.context_switches.stack, list(graphs)
+
+
+def read_mode() -> Mode | None:
+    """Return this thread's mode, or None before TensorFlow is imported (never imports it)."""
+    if (found := _stacks()) is None:
+        return None
+    ctx, switches, graphs = found
+    return Mode(bool(ctx.executing_eagerly()), len(switches), len(graphs))
 
 
 def drop_stale_switches(before: Mode | None) -> int:
@@ -235,14 +211,10 @@ def drop_stale_switches(before: Mode | None) -> int:
     an interrupted entry or exit. Without ``before``: a thread as TensorFlow starts it.
     """
     try:
-        ctx, ops = tf_context(), sys.modules.get("tensorflow.python.framework.ops")
-        if ctx is None or ops is None:
+        start, found = before or Mode(True, 1, 0), _stacks()
+        if found is None or len(found[1]) <= max(1, start.switches):  # a cell's end, nearly always
             return 0
-        start = before or Mode(True, 1, 0)
-        stack = ctx.context_switches.stack
-        if len(stack) <= max(1, start.switches):  # the cell's end, nearly always: nothing to read
-            return 0
-        graphs = list(getattr(getattr(ops, "_default_graph_stack", None), "stack", ()))
+        ctx, stack, graphs = found
         opened = graphs[start.graphs :]
         dropped = 0
         while len(stack) > max(1, start.switches):
@@ -261,10 +233,8 @@ def drop_stale_switches(before: Mode | None) -> int:
 def restore_eager(before: Mode) -> bool:
     """Switch the thread back to eager mode if it was eager ``before`` and is now in graph mode
     with no ``with`` block still open (both stacks as deep as before); True if it did."""
-    now, ctx = read_mode(), tf_context()
-    if now is None or ctx is None or not before.eager or now.eager:
-        return False
-    if (now.switches, now.graphs) != (before.switches, before.graphs):
-        return False  # a suspended block holds the switch and undoes it when it is collected
+    if not before.eager or read_mode() != Mode(False, before.switches, before.graphs):
+        return False  # other depths: a suspended block holds the switch, undone when collected
+    ctx: Any = tf_context()
     ctx._thread_local_data.is_eager = True  # what Context._mode's finally does
     return bool(ctx.executing_eagerly())

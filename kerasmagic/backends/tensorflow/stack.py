@@ -49,7 +49,8 @@ def _key(frame: Any, drop: int, source_map: Any, filtered: Any, kept: list[Any])
     TensorFlow drops filtered files, then the ``drop`` innermost frames left; its own frames
     and the kernel's above a notebook cell (``stop_at``) are not recorded. A line follows from
     the code's first line, line table and last instruction, so those stand in for it; frames in
-    a source-mapped file are mapped here (the result is the entry). The frames are appended to
+    a source-mapped file are mapped here (the result is the entry), as is the innermost frame
+    when every frame is TensorFlow's (a trace is never empty). The frames are appended to
     ``kept``, so that the lines of new ones can be read without another walk.
     """
     mapped_files = _mapped_files(source_map)
@@ -80,12 +81,9 @@ def _key(frame: Any, drop: int, source_map: Any, filtered: Any, kept: list[Any])
                 elif innermost is None:
                     innermost = frame
         frame = frame.f_back
-    if not out and innermost is not None:
+    if not out and innermost is not None:  # rare: its line, not what stands in for it
         keep(innermost)
-        code = innermost.f_code
-        line = (code.co_firstlineno, code.co_linetable, innermost.f_lasti)
-        mapped = code.co_filename in mapped_files
-        append(_frame(innermost, source_map) if mapped else (code.co_filename, code.co_name, *line))
+        append(_frame(innermost, source_map))
     return out
 
 
@@ -138,16 +136,12 @@ def _make_extract_stack(
         # TensorFlow's own capture starts in its extract_stack; ours is two frames deep.
         caller, drop = sys._getframe(2), max(stacklevel - 2, 0)
         kept: list[Any] = []
-
-        def frames(positions: list[int]) -> list[tuple[str, int, str]]:
-            return [_frame(kept[position], source_map) for position in positions]
-
         with _lock:  # one thread at a time in the tree and its memos; clear_cache waits
             key = _key(caller, drop, source_map, filtered, kept)
             node, missing = find(key)
             if missing == 0 and node.trace is not None:
                 return node.trace
-            leaf, pieces = grow(key, missing, frames)
+            leaf, pieces = grow(key, missing, kept, source_map)
             leaf.trace = load(encode(leaf, pieces))["t"][:]  # [:]: keeps user frames
             return leaf.trace
 
@@ -249,11 +243,11 @@ def find(key: Sequence[object]) -> tuple[Node, int]:
 
 
 def grow(
-    key: Sequence[object], missing: int, frames: Callable[[list[int]], Sequence[Frame]]
+    key: Sequence[object], missing: int, kept: list[Any], source_map: Any
 ) -> tuple[Node, list[bytes]]:
-    """Add the ``missing`` innermost entries of ``key``; ``frames(positions)`` gives those frames.
+    """Add the ``missing`` innermost entries of ``key``, whose frames are ``kept`` (``_key``'s).
 
-    ``frames`` is only asked for entries new to every stack (their lines are computed then).
+    Only the frames of entries new to every stack are read (their lines are computed then).
     Return the node of the whole stack and the pieces of the frames on its path.
     """
     global _nodes
@@ -264,7 +258,8 @@ def grow(
     new = key[:missing]
     tails = [_tails.get(entry) for entry in new]  # file, and FileLineCol's line and function
     wanted = [i for i, tail in enumerate(tails) if tail is None]
-    for i, (filename, lineno, func) in zip(wanted, frames(wanted) if wanted else (), strict=True):
+    frames = [_frame(kept[position], source_map) for position in wanted]
+    for i, (filename, lineno, func) in zip(wanted, frames, strict=True):
         tails[i] = _tails[new[i]] = (filename, _tail(lineno, func))
     for entry, (filename, tail) in zip(reversed(new), reversed(tails), strict=True):  # type: ignore[misc]
         files = node.files
@@ -314,7 +309,7 @@ def _piece(index: int, tail: bytes) -> bytes:
 
 
 def _tail(lineno: int, func: str) -> bytes:
-    return b"\x10" + _varint(lineno) + _field(b"\x22", _utf8(func or ""))
+    return b"\x10" + _varint(lineno) + _field(b"\x22", (func or "").encode("utf-8", "replace"))
 
 
 def clear() -> int:
@@ -327,7 +322,8 @@ def clear() -> int:
 
 
 def _files(files: dict[str, int]) -> bytes:
-    return b"".join(_field(b"\x0a", _utf8(name)) for name in files)  # in index order
+    # In index order; protobuf strings must be valid UTF-8.
+    return b"".join(_field(b"\x0a", name.encode("utf-8", "replace")) for name in files)
 
 
 def _varint(value: int) -> bytes:
@@ -344,7 +340,3 @@ def _varint(value: int) -> bytes:
 
 def _field(tag: bytes, payload: bytes) -> bytes:
     return tag + _varint(len(payload)) + payload
-
-
-def _utf8(text: str) -> bytes:
-    return text.encode("utf-8", "replace")  # protobuf strings must be valid UTF-8
