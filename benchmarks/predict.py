@@ -7,8 +7,12 @@ three batch sizes. Each (model, batch) runs in its own process, as a notebook's 
 build and compile the model, ``predict_fit`` (a fit of 2,048 samples with 256 validation
 samples), then the real ``fit`` with ``fit``'s own defaults; the measured peak is TF's allocator
 peak over that fit, training and validation steps included. TF's BFC allocator is on for the
-CPU (``TF_CPU_ALLOCATOR_USE_BFC=true``): exact bytes, as on a GPU. On a GPU machine the same
-script measures ``GPU:0``.
+CPU (``TF_CPU_ALLOCATOR_USE_BFC=true``): exact bytes, as on a GPU. On the CPU, TF runs ops one at
+a time (``set_inter_op_parallelism_threads(1)``), as a GPU dispatches its kernels (inline, in
+order): with TF's default threads, independent ops run side by side, which tensors are alive
+at once varies, and the same fit's peak moved by up to 24% within a process, more between
+processes (``--parallel`` measures that way). On a GPU machine the same script measures
+``GPU:0`` with TF's defaults.
 
 Writes ``benchmarks/results/predict.json``; prints the table, the median and worst error.
 
@@ -18,6 +22,7 @@ Writes ``benchmarks/results/predict.json``; prints the table, the median and wor
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -142,14 +147,17 @@ def _subclassed(keras: Any, L: Any) -> Any:
     return m
 
 
-def one(kind: str, batch: int) -> dict[str, Any]:
+def one(kind: str, batch: int, parallel: bool = False) -> dict[str, Any]:
     """Predict, then fit, in this process; return both peaks and both times."""
     import tensorflow as tf
 
     import kerasmagic
 
     tf.get_logger().setLevel("ERROR")
-    device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+    on_gpu = bool(tf.config.list_physical_devices("GPU"))  # starts nothing: threads still set
+    if not on_gpu and not parallel:
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    device = "GPU:0" if on_gpu else "CPU:0"
     x, y = data(kind, SAMPLES, 0)
     validation = data(kind, VALIDATION, 1)
     m = model(kind)
@@ -161,6 +169,7 @@ def one(kind: str, batch: int) -> dict[str, Any]:
     before = int(experimental.get_memory_info(device)["current"])
     fits, fit_s = [], 0.0
     for _ in range(REPEATS):  # each traced again, as the first fit after the prediction is
+        gc.collect()  # the fit before left its dataset (a copy of unaligned arrays) in cycles
         experimental.reset_memory_stats(device)
         started = time.perf_counter()
         m.fit(x, y, batch_size=batch, validation_data=validation, verbose=0)
@@ -179,10 +188,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)
     parser.add_argument("--batches", nargs="+", type=int, default=BATCHES)
+    parser.add_argument("--parallel", action="store_true", help="TF's default inter-op threads")
     parser.add_argument("--one", nargs=2, metavar=("KIND", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one[0], int(args.one[1]))))
+        print(json.dumps(one(args.one[0], int(args.one[1]), args.parallel)))
         return
     env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPP_MIN_LOG_LEVEL": "3"}
     rows = []
@@ -190,7 +200,8 @@ def main() -> None:
           f"{'nearest':>9}{'predict s':>11}{'fit s':>7}")  # fmt: skip
     for kind in args.kinds:
         for batch in args.batches:
-            run = subprocess.run([sys.executable, __file__, "--one", kind, str(batch)], env=env,
+            child = [sys.executable, __file__, "--one", kind, str(batch)]
+            run = subprocess.run(child + ["--parallel"] * args.parallel, env=env,
                                  capture_output=True, text=True, check=True)  # fmt: skip
             row = json.loads(run.stdout.strip().splitlines()[-1])
             row["error"] = (row["predicted"] - row["measured"]) / row["measured"]
@@ -220,8 +231,9 @@ def main() -> None:
         f"{statistics.median(spreads):.1%}, worst {max(spreads):.1%}"
     )
     RESULTS.mkdir(exist_ok=True)
-    out = {"python": platform.python_version(), "rows": rows, **summary}
-    (RESULTS / "predict.json").write_text(json.dumps(out, indent=1) + "\n")
+    out = {"python": platform.python_version(), "parallel": args.parallel, "rows": rows, **summary}
+    name = "predict-parallel.json" if args.parallel else "predict.json"
+    (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -308,6 +308,11 @@ ROOM = 0.75  # a probe's worst case stays below this share of the limit: near it
 # share split in chunks can fail an allocation (under a 160 MB cap, a probe whose worst case
 # was under 144 MB ran out)
 GROWTH = 1.5  # the worst case: the steepest slope measured, this much steeper
+PARALLEL = (  # a GPU's kernels are dispatched inline, in order: its peaks repeat
+    "CPU:0 runs ops in parallel, so a fit's peak varies from run to run (up to ~25% here); "
+    "tf.config.threading.set_inter_op_parallelism_threads(1) before TensorFlow starts makes it "
+    "repeatable"
+)
 NAMED = 0.9  # the batch named as fitting keeps this share of the margin's budget: predicted
 # again from probes of its own size, one named from batch 12288 came out 3% past the margin
 
@@ -379,6 +384,8 @@ def predict_fit(
 
         if uncounted := cpu_uncounted():
             notes.append(f"CPU:0's figures {uncounted}")
+        if sys.modules["tensorflow"].config.threading.get_inter_op_parallelism_threads() != 1:
+            notes.append(PARALLEL)
     if batch is None or not isinstance(meter, Meter):
         why = notes.pop() if batch is None else f"cannot predict on this backend here: {meter}"
         message = _wrapped(f"kerasmagic: {why}")
@@ -391,6 +398,7 @@ def predict_fit(
     started = time.perf_counter()
     with _kept(model), _quiet():
         peaks, oom = _probe(model, meter, batch, lambda b: {**fixed, **probe_args(b)})
+    gc.collect()  # each probe's dataset (with its copy of unaligned arrays) is garbage in cycles
     if oom:
         notes.append(f"a probe of batch {oom} ran out of memory")
     prediction = _predicted(peaks, batch, meter, margin, tuple(notes),
