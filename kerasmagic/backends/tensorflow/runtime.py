@@ -170,16 +170,17 @@ def prime_nest_checks() -> None:
     life: every later ``fit`` fails with "'SymbolicTensor' object has no attribute
     '_type_spec'". Once a type is cached, no Python runs there.
     """
-    if len(_primed) == 2 or (tf := loaded("tensorflow")) is None:
+    if "eager" in _primed or (tf := loaded("tensorflow")) is None:
         return
-    numpy = sys.modules.get("numpy")
-    leaves: list[Any] = [0, 0.0, True, "", b"", None] + ([numpy.zeros(1)] if numpy else [])
+    eager = runtime_initialized()
+    if "graph" in _primed and not eager:  # every cell until the runtime starts: nothing to do
+        return
+    leaves: list[Any] = [tf.constant(0.0)] if eager else []
     if "graph" not in _primed:
+        numpy = sys.modules.get("numpy")
+        leaves += [0, 0.0, True, "", b"", None] + ([numpy.zeros(1)] if numpy else [])
         with tf.Graph().as_default():
             leaves.append(tf.constant(0.0))
-    eager = runtime_initialized()
-    if eager:
-        leaves.append(tf.constant(0.0))
     tf.nest.flatten(leaves, expand_composites=True)
     _primed.update(("graph", "eager") if eager else ("graph",))
 
