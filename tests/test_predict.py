@@ -320,6 +320,50 @@ def test_a_ctrl_c_mid_prediction_stops_it_and_leaves_model_and_namespace_as_they
         shell.extension_manager.unload_extension("kerasmagic")
 
 
+def test_a_ctrl_c_while_the_model_is_put_back_waits_until_all_of_it_is_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real SIGINT sent as the first weight is put back after the probes: the rest are put
+    back too, and the interrupt reaches the user after them (without the hold, the weights
+    after the first stayed as the probes left them)."""
+    import signal
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    pytest.importorskip("tensorflow")
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT is not Python's KeyboardInterrupt here")
+    shell = InteractiveShell.instance()
+    shell.run_cell(INTERRUPTED).raise_error()
+    ns = shell.user_ns
+    if isinstance(kerasmagic.oom.batch.device_meter(), str):
+        pytest.skip("TensorFlow keeps no CPU allocator figures here: nothing is probed")
+    shell.run_cell("before = state()").raise_error()
+    probe, armed, sent = kerasmagic.oom.batch._probe, [False], []
+
+    def probed(*args: Any, **kwargs: Any) -> Any:
+        found = probe(*args, **kwargs)
+        armed[0] = True  # what assigns a weight next is the put-back
+        return found
+
+    variable_class = type(ns["model"].variables[0])
+    assign = variable_class.assign
+
+    def assigned(self: Any, value: Any) -> Any:
+        if armed[0] and not sent:
+            sent.append(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return assign(self, value)
+
+    monkeypatch.setattr(kerasmagic.oom.batch, "_probe", probed)
+    monkeypatch.setattr(variable_class, "assign", assigned)
+    with pytest.raises(KeyboardInterrupt):
+        kerasmagic.predict_fit(ns["model"], ns["x"], ns["y"], batch_size=256, verbose=False)
+    monkeypatch.undo()
+    assert sent  # the SIGINT was sent during the put-back
+    assert shell.run_cell("state() == before").result is True  # byte for byte
+
+
 KERNEL_SETUP = """
 import numpy as np, keras
 x = np.random.rand(16384, 512).astype("float32")

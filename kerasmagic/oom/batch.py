@@ -39,6 +39,7 @@ from typing import Any
 
 from kerasmagic.backends.oom import find_oom
 from kerasmagic.compat.registry import works
+from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.units import fmt_bytes
 
 PROBES = (16, 64)  # the two small batch sizes measured
@@ -526,19 +527,21 @@ def _kept(model: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        for variable, value in zip(variables, values, strict=True):
-            variable.assign(value)
-        if attributes["train_function"] in (None, _MISSING) and works("keras.train_function"):
-            # the probes' traces go: replaced before it is unset, as Keras < 3.5 keeps the old
-            # one among TF's tracked dependencies after ``= None``
-            model.make_train_function(force=True)
-        for name, value in attributes.items():
-            if value is _MISSING:
-                vars(model).pop(name, None)
-            else:
-                setattr(model, name, value)
-        _set_rng_state(rng)
-        gc.collect()
+        with held_interrupts() as held:  # a Ctrl-C now would leave the model half put back
+            for variable, value in zip(variables, values, strict=True):
+                variable.assign(value)
+            if attributes["train_function"] in (None, _MISSING) and works("keras.train_function"):
+                # the probes' traces go: replaced before it is unset, as Keras < 3.5 keeps the
+                # old one among TF's tracked dependencies after ``= None``
+                model.make_train_function(force=True)
+            for name, value in attributes.items():
+                if value is _MISSING:
+                    vars(model).pop(name, None)
+                else:
+                    setattr(model, name, value)
+            _set_rng_state(rng)
+            gc.collect()
+        held.deliver()
 
 
 _MISSING = object()
@@ -748,11 +751,13 @@ def fits_predicted(margin: float = 0.9) -> Iterator[None]:
     try:
         yield
     finally:
-        for cls, fit in owned.items():
-            if fit is None:
-                delattr(cls, "fit")
-            else:
-                setattr(cls, "fit", fit)  # noqa: B010
+        with held_interrupts() as held:  # a Ctrl-C now would leave a class's fit wrapped
+            for cls, fit in owned.items():
+                if fit is None:
+                    delattr(cls, "fit")
+                else:
+                    setattr(cls, "fit", fit)  # noqa: B010
+        held.deliver()
 
 
 def _predicted_fit(fit: Callable[..., Any], margin: float) -> Callable[..., Any]:
