@@ -43,7 +43,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from itertools import cycle, islice
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
@@ -57,7 +56,7 @@ Gpus = str | int | float | Sequence[int] | Sequence[str] | None
 Sink = Callable[[str, bool], None]  # (text, is_stderr)
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]  # (fn, args, kwargs)
 _RAY = re.compile(r"ray://([A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):(\d{1,5})")
-_SIGNAL_WORDS = {
+_SIGNAL_WORDS: dict[int, str] = {
     signal.SIGKILL: "likely out of memory (the OOM killer) or killed from outside",
     signal.SIGSEGV: "segmentation fault",
     signal.SIGABRT: "aborted (a C++ check failed, or abort())",
@@ -154,12 +153,11 @@ class LogFilter:
         self._tail, self._dropped_last = "", False
 
     def _keep(self, line: str) -> bool:
-        if (found := _LINE.match(line)) is not None:
+        found, last = _LINE.match(line), self._dropped_last
+        if found:
             drop = "IWEF".index(found.group(1)) < self.min_level
-        elif line.startswith(_ABSL_NOTICE):
-            drop = self.min_level >= 1
-        else:
-            drop = self._dropped_last and line.startswith(_CONTINUED)
+        else:  # absl's notice goes with the info lines (min_level >= 1 here)
+            drop = line.startswith(_ABSL_NOTICE) or (last and line.startswith(_CONTINUED))
         self._dropped_last = drop
         return not drop
 
@@ -169,11 +167,10 @@ class LogFilter:
             return text
         lines = (self._tail + text).splitlines(keepends=True)
         tail = lines.pop() if lines and not lines[-1].endswith(("\n", "\r")) else ""
-        if re.match(r"[IWEF]\d", tail) or tail[: len(_ABSL_NOTICE)] == _ABSL_NOTICE[: len(tail)]:
-            self._tail = tail  # an unfinished line that may be a log line waits for its end
-        else:
-            self._tail, lines = "", [*lines, tail]
-        return "".join(line for line in lines if self._keep(line))
+        # an unfinished line that may be a log line waits for its end
+        waits = re.match(r"[IWEF]\d", tail) or _ABSL_NOTICE.startswith(tail[: len(_ABSL_NOTICE)])
+        self._tail = tail if waits else ""
+        return "".join(line for line in (lines if waits else [*lines, tail]) if self._keep(line))
 
     def flush(self) -> str:
         """Return the unfinished line still held back (at the end of the run)."""
@@ -189,8 +186,7 @@ def to_std_streams(text: str, is_stderr: bool) -> None:
 def workdir() -> Path:
     """Return a fresh private directory named after this process, in ``/dev/shm`` (RAM) when
     usable; remove those of dead kernels (a kernel killed mid-cell) on the way."""
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    base = Path("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
     for path in base.glob("kerasmagic-*-*"):
         with contextlib.suppress(OSError, ValueError):  # not a kernel's, another's, or gone
             dead = not psutil.pid_exists(int(path.name.split("-")[1]))
@@ -211,10 +207,9 @@ def _pump(proc: subprocess.Popen[bytes], sink: Sink, deadline: float, stop: thre
 
     with selectors.DefaultSelector() as pipes:
         for is_stderr, pipe in enumerate((proc.stdout, proc.stderr)):
-            assert pipe is not None
-            os.set_blocking(pipe.fileno(), False)
+            assert pipe is not None  # blocking: read only when select finds data or the end
             decoder = codecs.getincrementaldecoder("utf-8")("replace")
-            pipes.register(pipe.fileno(), selectors.EVENT_READ, (bool(is_stderr), decoder))
+            pipes.register(pipe, selectors.EVENT_READ, (bool(is_stderr), decoder))
         try:
             while not stop.is_set():
                 now = time.monotonic()
@@ -224,15 +219,11 @@ def _pump(proc: subprocess.Popen[bytes], sink: Sink, deadline: float, stop: thre
                         return "exited"
                 elif now >= deadline:
                     return "timeout"
-                wait_s = max(0.0, min(0.05, deadline - now))
-                if not pipes.get_map():  # the pipes closed: the guard is exiting
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(wait_s)
-                for key, _ in pipes.select(wait_s) if pipes.get_map() else ():
-                    with contextlib.suppress(BlockingIOError):
-                        if not (chunk := os.read(key.fd, 65536)):
-                            pipes.unregister(key.fd)
-                        emit(key.data[1].decode(chunk, final=not chunk), key.data[0])
+                # with both pipes closed (the guard is exiting) this only waits
+                for key, _ in pipes.select(max(0.0, min(0.05, deadline - now))):
+                    if not (chunk := os.read(key.fd, 65536)):
+                        pipes.unregister(key.fd)
+                    emit(key.data[1].decode(chunk, final=not chunk), key.data[0])
             return "stopped"
         finally:
             emit(logs.flush(), True)
@@ -248,7 +239,6 @@ def run_local(
         child.dump(call, work / "call")
         (work / "path").write_text("\0".join(map(str, sys.path)))  # the kernel's
         env = {**os.environ, **child.isolation_env(gpus), child.TOKEN_VAR: token}
-        env["KERASMAGIC_PARENT_PID"] = str(os.getpid())
         if "PYTHONPATH" in env:  # kept away from the runner's start-up, restored for the user's
             env["KERASMAGIC_PYTHONPATH"] = env.pop("PYTHONPATH")
         proc = subprocess.Popen(  # kerasmagic from where this one is imported
@@ -268,10 +258,10 @@ def run_local(
                 killed = child.end_tree(proc.pid, token)  # the guard is killed last
                 proc.kill()
                 proc.wait()
+            what = describe_killed(killed)
             if ended is None:  # Ctrl-C (or an error) while it ran
-                what = describe_killed(killed) or "nothing left"
-                sink(f"kerasmagic: interrupted; {what}\n", True)
-        worker, what = int(_read(work / "worker") or proc.pid), describe_killed(killed)
+                sink(f"kerasmagic: interrupted; {what or 'nothing left'}\n", True)
+        worker = int(_read(work / "worker") or proc.pid)
         if ended == "stopped":
             outcome = Outcome("interrupted", error=f"stopped; {what or 'nothing left'}", pid=worker)
         elif ended == "timeout":
@@ -303,10 +293,8 @@ def describe_exit(code: int) -> str:
     """Return an exit status in words: ``killed by SIGKILL — likely out of memory ...``."""
     if code >= 0:
         return f"exited with code {code} before returning a result"
-    with contextlib.suppress(ValueError):
-        sig = signal.Signals(-code)
-        return f"killed by {sig.name}" + (f" — {w}" if (w := _SIGNAL_WORDS.get(sig)) else "")
-    return f"killed by signal {-code}"
+    name = next((sig.name for sig in signal.Signals if sig == -code), f"signal {-code}")
+    return f"killed by {name}" + (f" — {words}" if (words := _SIGNAL_WORDS.get(-code)) else "")
 
 
 # -- many runs: sweeps, locally or on Ray -------------------------------------------------------
@@ -347,21 +335,18 @@ def run_trials(
         env = child.isolation_env("" if gpus == 0 else None)  # num_gpus=0 leaves CUDA unset
         remote = ray.remote(max_calls=1, max_retries=0, num_cpus=1, num_gpus=gpus)(child.ray_trial)
         # fn's module goes by value when it is a local file (workers import installed packages)
-        name = getattr(calls[0][0] if calls else None, "__module__", "") or ""
-        module = sys.modules.get(name) if name != "__main__" and user_module(name) else None
+        name = getattr(calls[0][0] if calls else None, "__module__", None) or "__main__"
         with contextlib.ExitStack() as undo:
-            if module is not None:
+            if name != "__main__" and user_module(name) and (module := sys.modules.get(name)):
                 cloudpickle.register_pickle_by_value(module)
                 undo.callback(cloudpickle.unregister_pickle_by_value, module)
             blobs = [cloudpickle.dumps(call) for call in calls]
-        if not workers:
-            resources = ray.cluster_resources()
-            workers = int(resources.get("CPU", 1))
-            if gpus > 0:
-                workers = min(workers, int(resources.get("GPU", 0) / gpus))
+        if not workers:  # what fits: a CPU each, and the GPUs asked for
+            have = ray.cluster_resources()
+            workers = int(min(have.get("CPU", 1), have.get("GPU", 0) / gpus if gpus else math.inf))
         late = f"timed out after {timeout or 0:g} s; the Ray task was cancelled (worker killed)"
     workers = max(1, workers or 1)
-    slots = list(islice(cycle(gpus if on is None and gpus else [None]), workers))
+    slots = list(gpus if on is None and gpus else [None]) * workers  # GPU specs in turn
     shown = [""]  # the line last shown
 
     def run(index: int, sink: Sink) -> Outcome:
@@ -386,9 +371,8 @@ def run_trials(
         running, failed = sum(f.running() for f in futures), sum(not t.ok for t in ended)
         line = f"sweep {len(ended)}/{len(calls)} done · {running} running · {failed} failed"
         if progress and (line != shown[0] or final):
-            shown[0], elapsed = line, f"{time.monotonic() - start:.1f} s"
-            end = "\n" if stream or final else ""
-            print(("" if stream else "\r") + f"{line} · {elapsed}", end=end, flush=True)
+            shown[0], cr, end = line, "" if stream else "\r", "\n" if stream or final else ""
+            print(f"{cr}{line} · {time.monotonic() - start:.1f} s", end=end, flush=True)
 
     def one(index: int) -> Trial:
         if stop.is_set():
@@ -404,9 +388,7 @@ def run_trials(
         outcome.index, outcome.config = index, configs[index]
         return outcome
 
-    def take_slot() -> None:  # each worker thread keeps one GPU spec
-        me.gpus = slots.pop(0)
-
+    take_slot = lambda: setattr(me, "gpus", slots.pop(0))  # noqa: E731  # one per worker thread
     with ThreadPoolExecutor(workers, "kerasmagic-sweep", initializer=take_slot) as pool:
         futures = [pool.submit(one, i) for i in range(len(calls))]
         try:
@@ -590,7 +572,6 @@ def run_cell_isolated(shell: Any, args: Any, cell: str) -> Any:
     shell.user_ns.update(value["outputs"])
     if not args.quiet:
         back = f"; outputs: {', '.join(outputs)}" if outputs else ""
-        where = "Ray" if args.on else "process"
-        print(f"kerasmagic: ran isolated in {where} {outcome.pid}, {outcome.elapsed_s:.1f} s{back}")
-        sys.stdout.flush()
+        where = f"{'Ray' if args.on else 'process'} {outcome.pid}, {outcome.elapsed_s:.1f} s"
+        print(f"kerasmagic: ran isolated in {where}{back}", flush=True)
     return value["value"]

@@ -39,13 +39,12 @@ TOKEN_VAR = "KERASMAGIC_RUN_TOKEN"  # in the environment of every process of a r
 
 # kerasmagic comes from ROOT (argv[1]), where the kernel imported it, even when another copy
 # comes first on this interpreter's path: the child must run the kernel's own copy.
-PRELUDE = (
-    "import sys\nif sys.path[:1] == ['']: del sys.path[0]\n"  # before any other import
-    "import importlib.util as u\np = sys.argv[1] + '/kerasmagic'\n"
-    "s = u.spec_from_file_location('kerasmagic', p + '/__init__.py', "
-    "submodule_search_locations=[p])\n"
-    "sys.modules['kerasmagic'] = m = u.module_from_spec(s)\ns.loader.exec_module(m)\n"
-    "sys.path.append(sys.argv[1])\nfrom kerasmagic.isolate.child import main\n"
+PRELUDE = (  # the working folder leaves sys.path before any other import
+    "import sys\nif sys.path[:1] == ['']: del sys.path[0]\nimport importlib.util as u\n"
+    "p = sys.argv[1] + '/kerasmagic'\ns = u.spec_from_file_location('kerasmagic', p + "
+    "'/__init__.py', submodule_search_locations=[p])\nsys.modules['kerasmagic'] = m = "
+    "u.module_from_spec(s)\ns.loader.exec_module(m)\nsys.path.append(sys.argv[1])\n"
+    "from kerasmagic.isolate.child import main\n"
 )
 BOOT = PRELUDE + "main(sys.argv[2])\n"
 _PASSED_ENV = ("KERAS_BACKEND", "TF_CPP_MIN_LOG_LEVEL", "TF_FORCE_GPU_ALLOW_GROWTH",
@@ -83,7 +82,7 @@ def prctl(option: int, value: int) -> None:
 def main(workdir: str) -> None:
     """Fork the worker, wait for it, kill what it left running, exit the way it did."""
     work, guard = Path(workdir), os.getpid()
-    parent = int(os.environ.get("KERASMAGIC_PARENT_PID", "0")) or os.getppid()
+    parent = int(work.name.split("-")[1])  # the kernel: api.workdir names the folder after it
     prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     if os.getppid() != parent:
         os._exit(70)  # the kernel died before we got here
@@ -108,8 +107,7 @@ def main(workdir: str) -> None:
             shutil.rmtree(work, ignore_errors=True)
             os._exit(70)
         select.select(wake, [], [], 0.2 if wake else 0.05)
-    if killed := end_tree(os.getpid(), None):
-        (work / "killed").write_text("\n".join(killed))
+    (work / "killed").write_text("\n".join(end_tree(os.getpid(), None)))
     if (code := os.waitstatus_to_exitcode(done[1])) < 0:  # killed by a signal: the same one
         with contextlib.suppress(OSError, ValueError):  # SIGKILL cannot be handled
             signal.signal(-code, signal.SIG_DFL)
@@ -144,12 +142,11 @@ def end_tree(root: int | None, token: str | None) -> list[str]:
         procs = [p for pid, p in found.items() if pid not in (os.getpid(), root) and alive(p)]
         if not procs:
             break
-        for proc in procs:
-            try:
+        for proc in procs:  # each named when first found
+            with contextlib.suppress(psutil.Error):
                 killed.setdefault(proc.pid, f"{proc.name()} (pid {proc.pid})")
                 proc.suspend()
-            except psutil.Error:
-                killed.setdefault(proc.pid, f"pid {proc.pid}")
+            killed.setdefault(proc.pid, f"pid {proc.pid}")
         for proc in procs:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
@@ -173,8 +170,7 @@ def error_info(exc: BaseException) -> tuple[str, str, str]:
     tb, here = exc.__traceback__, os.path.dirname(__file__)
     while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == here:
         tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
-    return type(exc).__qualname__, str(exc), text
+    return type(exc).__qualname__, str(exc), "".join(traceback.format_exception(type(exc), exc, tb))
 
 
 def exec_cell(source: str, inputs: dict[str, Any], outputs: Sequence[str]) -> dict[str, Any]:
@@ -301,9 +297,7 @@ def load(path: Path) -> Any:
     """Read what :func:`dump` wrote; the buffer files are mapped copy-on-write, then removed."""
     body, buffers = Path(path).read_bytes(), []
     for i in range(int.from_bytes(body[:4], "little")):
-        with open(f"{path}.{i}", "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) if size else bytearray()
+        with open(f"{path}.{i}", "rb") as f:  # never empty: at least THRESHOLD_BYTES
+            buffers.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
         os.unlink(f"{path}.{i}")
-        buffers.append(memoryview(data))
     return pickle.loads(memoryview(body)[4:], buffers=buffers)
