@@ -58,10 +58,7 @@ class CellRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict that ``json.dumps`` accepts."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for key in ("start", "end", "delta", "oom"):
-            out[key] = None if out[key] is None else out[key].to_dict()
-        return out
+        return {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in vars(self).items()}
 
 
 def source_hash(source: str) -> str:
@@ -169,15 +166,11 @@ class LeakDetector(Configurable):
     def judge(self, history: Sequence[CellRecord], runs_of: RunsOf | None = None) -> LeakVerdict:
         """Return the first growing verdict among recently run cells, newest first. ``runs_of``
         maps a source hash to that cell's latest runs (else the history is scanned)."""
-        seen: set[str] = set()
-        for record in reversed(history[-max(1, self.window) :]):
-            key = record.source_hash
-            if key and key not in seen:
-                seen.add(key)
-                runs = (runs_of or {}).get(key) or [r for r in history if r.source_hash == key]
-                verdict = self.judge_runs(list(runs)[-self.min_runs :])
-                if verdict.growing:
-                    return verdict
+        recent = reversed(history[-max(1, self.window) :])
+        for key in dict.fromkeys(r.source_hash for r in recent if r.source_hash):  # each once
+            runs = (runs_of or {}).get(key) or [r for r in history if r.source_hash == key]
+            if (verdict := self.judge_runs(list(runs)[-self.min_runs :])).growing:
+                return verdict
         return STABLE
 
     def judge_runs(self, runs: Sequence[CellRecord]) -> LeakVerdict:
@@ -266,12 +259,11 @@ class LiveMonitor(Configurable):
         self._history: deque[CellRecord] = deque(maxlen=max(1, self.history_size))
         self._subscribers: list[Subscriber] = []
         self._views: dict[str, Any] = {}  # the widget or line printer this monitor feeds
-        self._lock = threading.Lock()
+        self._lock, self._verdict = threading.Lock(), STABLE
         self._latest: MemorySnapshot | None = None
         self._start: tuple[MemorySnapshot, str, str] | None = None
         self._at_cell_end: Callable[[CellRecord | None], None] | None = None
         self._recorded: CellRecord | None = None  # this cell's record, for _at_cell_end
-        self._verdict = STABLE
         self._runs_of: dict[str, deque[CellRecord]] = {}  # source hash -> its latest runs
         self.detector = LeakDetector(parent=self)
         self.sampler = Sampler(self.interval_s, self.idle_interval_s, self._on_sample)
@@ -392,8 +384,7 @@ class LiveMonitor(Configurable):
     def _on_sample(self, ram: RamInfo, gpu: GpuInfo) -> None:
         """Emit the latest snapshot with what a thread can read afresh: memory and the backends
         (not TF's default graph: it is per thread), so a first ``fit()`` shows TF as it runs."""
-        base = self._latest
-        if base is None:
+        if (base := self._latest) is None:
             return
         now, name, found = time.time(), keras_backend(), read_active(earlier=base.backends)
         snap = replace(base, time_s=now, ram=ram, gpu=gpu, keras_backend=name, backends=found)
@@ -418,19 +409,15 @@ class LiveMonitor(Configurable):
         with contextlib.suppress(TypeError):  # not weakly referenceable: nothing kept
             _kept[self._shell] = self.history(), dict(self._runs_of)
         for event in HOOKS:
-            try:
+            with contextlib.suppress(ValueError):  # already removed
                 self._shell.events.unregister(event, getattr(self, event))
-            except ValueError:
-                log.debug("kerasmagic: %s hook already removed", event)
         self.sampler.stop()
         with self._lock:
             self._subscribers.clear()
             views, self._views = list(self._views.values()), {}
         for view in views:
-            try:
+            with contextlib.suppress(Exception):  # one that fails to close is dropped all the same
                 view.close()
-            except Exception:
-                log.debug("kerasmagic: closing a view failed", exc_info=True)
 
     def attach(self, key: str, view: Any) -> Any:
         """Keep ``view`` (anything with ``close()``) as this monitor's ``key`` view, closed on
@@ -453,12 +440,10 @@ class Sampler:
         self.interval_s, self.idle_interval_s = interval_s, idle_interval_s
         self._on_sample = on_sample
         self._stop, self._lock = threading.Event(), threading.Lock()
-        self._running_cell = False
-        self._cell = 0  # counts cell starts, so a late reading never lands in the next cell
-        self._peak_rss = 0
+        # _cell counts cell starts, so a late reading never lands in the next cell
+        self._running_cell, self._cell, self._peak_rss, self.samples = False, 0, 0, 0
         self._peak_gpu: int | None = None
         self._thread: threading.Thread | None = None
-        self.samples = 0
 
     @property
     def alive(self) -> bool:
@@ -474,9 +459,8 @@ class Sampler:
         """Start the thread (once)."""
         if not self.alive:
             self._stop.clear()
-            self._thread = threading.Thread(
-                target=self._loop, name="kerasmagic-sampler", daemon=True
-            )
+            self._thread = threading.Thread(target=self._loop, name="kerasmagic-sampler")
+            self._thread.daemon = True
             self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:

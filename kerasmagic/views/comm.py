@@ -13,7 +13,6 @@ import contextvars
 import functools
 import importlib.util
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -44,12 +43,9 @@ def open_comm(shell: Any, target: str, data: dict[str, Any]) -> Any | None:
     kernel. Through the ``comm`` package where the kernel handed it its manager, else with
     ipykernel 6.17's own class (on Kaggle the package's would reach no frontend)."""
     kernel = getattr(shell, "kernel", None)
-    manager = getattr(kernel, "comm_manager", None)
-    if manager is None:
+    if (manager := getattr(kernel, "comm_manager", None)) is None:
         return None
-    package: Any = sys.modules.get("comm")
-    if package is None and importlib.util.find_spec("comm") is not None:
-        import comm as package
+    package: Any = importlib.import_module("comm") if importlib.util.find_spec("comm") else None
     if package is not None and package.get_comm_manager() is manager:
         return package.create_comm(target_name=target, data=data)
     from ipykernel.comm import Comm
@@ -105,9 +101,8 @@ class Sidebar:
         self._comms: dict[str, Any] = {}
         self._homes: dict[str, dict[str, Any]] = {}  # comm id -> the last message it received
         self._waiters: dict[str, list[tuple[Any, str]]] = {}  # queued run -> (comm, id) asking
-        self._lock = threading.Lock()
-        self._last_push_s = 0.0
-        self._freed_since = False  # a cleanup ran after the last recorded cell
+        # _freed_since: a cleanup ran after the last recorded cell
+        self._lock, self._last_push_s, self._freed_since = threading.Lock(), 0.0, False
         self._unsubscribe = None if monitor is None else monitor.subscribe(self._on_monitor)
 
     # -- comm plumbing -----------------------------------------------------------------------
@@ -163,8 +158,7 @@ class Sidebar:
         if kernel is None or hosted() or not sent_by_jupyterlab(kernel) or not sidebar_installed():
             return
         try:
-            comm = open_comm(self._shell, TARGET, self._state())
-            if comm is not None:
+            if (comm := open_comm(self._shell, TARGET, self._state())) is not None:
                 self._accept(comm, None)
         except Exception:  # a frontend that cannot take it still opens its own
             log.debug("kerasmagic: announcing the sidebar failed", exc_info=True)
@@ -193,8 +187,7 @@ class Sidebar:
         data = None
         try:
             data = msg["content"].get("data")
-            problem = check(data)
-            if problem is not None:
+            if (problem := check(data)) is not None:
                 self._send(comm, message("error", id=request_id(data), error=problem))
                 return
             kind, rid = data["type"], data["id"]
@@ -236,10 +229,8 @@ class Sidebar:
         run = functools.partial(self._run, name)
         if loop is None:  # an in-process shell: now
             run()
-        elif threading.current_thread() is threading.main_thread():
-            loop.call_later(GATHER_S, run)
-        else:
-            loop.add_callback(loop.call_later, GATHER_S, run)  # add_callback: the thread-safe one
+        else:  # add_callback: the thread-safe one, from any thread
+            loop.add_callback(loop.call_later, GATHER_S, run)
 
     def _run(self, name: str) -> None:
         fields: dict[str, Any] = {"error": f"{name} was interrupted"}
@@ -263,8 +254,7 @@ class Sidebar:
         patch = bool(getattr(self._magics, "patch_stack_traces", True))
         before = take_snapshot(namespace)
         report = self._cleanup(self._shell, namespace, patch_stack_traces=patch)
-        self._freed_since = True
-        self._last_push_s = float("-inf")  # the refresh below is pushed at once
+        self._freed_since, self._last_push_s = True, float("-inf")  # the refresh: pushed at once
         after = take_snapshot(namespace) if self._monitor is None else self._monitor.refresh()
         fields: dict[str, Any] = {"report": report.to_dict(), "summary": report.summary()}
         fields.update(before=before.to_dict(), snapshot=after.to_dict(), verdict=self._verdict())
@@ -323,8 +313,7 @@ def load(state: ShellState) -> Sidebar:
     """Register the ``kerasmagic`` comm target; the sidebar shows the ``live`` part's monitor.
     A shell with no comm manager gets a sidebar no frontend can open: nothing to register."""
     sidebar = Sidebar(state.shell, state.magics, state.part("live"))
-    manager = _manager(state.shell)
-    if manager is not None:
+    if (manager := _manager(state.shell)) is not None:
         manager.register_target(TARGET, sidebar.open)
         sidebar.announce()
     return sidebar

@@ -70,8 +70,7 @@ def snapshot_rows(snap: MemorySnapshot) -> list[Row]:
 
 
 def _tf_text(snap: MemorySnapshot) -> str:
-    tf = snap.backend_named("tensorflow")
-    if tf is None:
+    if (tf := snap.backend_named("tensorflow")) is None:
         return "TensorFlow not imported"
     if tf.platform is None:
         return "runtime not started yet (no GPU memory taken)"
@@ -113,8 +112,7 @@ def backend_rows(b: BackendInfo) -> list[Row]:
     rows += [(f"{label} {d.name}", _device_text(d)) for d in b.devices]
     arrays = fmt_bytes(c.get("live_array_bytes"))  # format() drops it where unused
     caches = [text.format(c[key], arrays) for key, text in CACHES.items() if key in c]
-    if caches:
-        rows.append((f"{label} caches", ", ".join(caches)))
+    rows += [(f"{label} caches", ", ".join(caches))] if caches else []
     return rows + [(f"{label} note", note) for note in b.notes]
 
 
@@ -280,8 +278,7 @@ def cell_line(record: CellRecord, verdict: LeakVerdict | None = None) -> str:
     parts.append(_figure("RSS", end.ram.rss_bytes, delta.rss_bytes, record.peak_rss_bytes))
     if (gpu := end.gpu_used_bytes) is not None:
         parts.append(_figure("VRAM", gpu, delta.gpu_used_bytes, record.peak_gpu_bytes))
-    gradients = end.cache("tensorflow", "custom_gradients")
-    if gradients is not None:
+    if (gradients := end.cache("tensorflow", "custom_gradients")) is not None:
         parts.append(f"custom gradients {gradients}")
     if end.keras.live_models is not None:
         parts.append(f"models named {end.keras.live_models}, names {end.keras.name_counter}")
@@ -309,8 +306,7 @@ def plot_png(records: Sequence[CellRecord]) -> bytes:
     if any(g is not None for g in gpu):
         ax.plot(cells, [(g or 0) / mb for g in gpu], "s-", label="VRAM at end")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # cells are whole numbers
-    ax.set_xlabel("cell (execution count)")
-    ax.set_ylabel("MB")
+    ax.set(xlabel="cell (execution count)", ylabel="MB")
     ax.legend(loc="best")
     fig.tight_layout()
     buf = io.BytesIO()
@@ -326,16 +322,14 @@ class LinePrinter:
         self.close = monitor.subscribe(self._on_event)
 
     def _on_event(self, kind: str, payload: Any) -> None:
-        monitor = self._monitor()
-        if kind == "cell" and monitor is not None:
+        if kind == "cell" and (monitor := self._monitor()) is not None:
             print(cell_line(payload, monitor.verdict()))
 
 
 def show(shell: Any, *, live: bool, history: bool, plot: bool) -> None:
     """Run the live-monitor options of ``%gpu_mem``: the history's table, its plot, and the
     widget in a kernel (one per kernel: the newest replaces it), else a line per cell."""
-    monitor = get_monitor(shell)
-    if monitor is None:
+    if (monitor := get_monitor(shell)) is None:
         raise UsageError("the live monitor is not running: %load_ext kerasmagic first")
     if history:
         cells = monitor.history()
@@ -351,8 +345,7 @@ def show(shell: Any, *, live: bool, history: bool, plot: bool) -> None:
         from kerasmagic.views.widget import LiveWidget
 
         widget = LiveWidget(monitor)
-        old = monitor.attach("widget", widget)
-        if old is not None:
+        if (old := monitor.attach("widget", widget)) is not None:
             old.close()
         display(widget)
     elif live and monitor.view("printer") is None:

@@ -77,8 +77,7 @@ def sparkline_svg(values: Sequence[int], title: str) -> str:
 def _allocator_totals(snap: MemorySnapshot) -> tuple[int | None, int | None]:
     """Return the Keras backend's tensors in use (on its GPUs, else on the CPU) and the VRAM
     the process holds (none to compare with for the CPU alone)."""
-    info = snap.backend
-    if info is None or not info.devices:
+    if (info := snap.backend) is None or not info.devices:
         return None, None
     gpus = [d.in_use_bytes or 0 for d in info.devices if d.kind != "cpu"]
     return (sum(gpus), snap.gpu_used_bytes) if gpus else (info.in_use_bytes, None)
@@ -118,7 +117,7 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
     def __init__(self, monitor: LiveMonitor, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.add_class("kerasmagic-live")
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # show_cell shows its end snapshot within its own hold
         self._parts = dict.fromkeys(PARTS, "")  # the HTML of each part, in display order
         with self.hold_sync():
             for record in monitor.history()[-SPARK_CELLS:]:
@@ -142,10 +141,9 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
         try:
             data = msg["content"]["data"]
             state, method = data.get("state"), data.get("method")
-            binary = bool(data.get("buffer_paths"))  # JupyterLab sends [] with every update
             if method == "request_state":
-                self.send_state()
-            elif method == "update" and isinstance(state, dict) and not binary:
+                self.send_state()  # buffer_paths: binary; JupyterLab sends [] with every update
+            elif method == "update" and isinstance(state, dict) and not data.get("buffer_paths"):
                 self.set_state(state)
         except Exception:
             log.debug("kerasmagic widget: dropped a frontend message", exc_info=True)
@@ -167,31 +165,28 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
 
     def show_snapshot(self, snap: MemorySnapshot) -> None:
         """Show the memory figures of one snapshot (a sample or a cell's end)."""
-        with self._lock, self.hold_sync():  # one comm message for all traits and the HTML
-            self._show_snapshot(snap)
-
-    def _show_snapshot(self, snap: MemorySnapshot) -> None:
         info, devices = snap.backend, snap.gpu.devices
         in_use, reserved = _allocator_totals(snap)
-        self._assign(
-            samples_seen=self.samples_seen + 1,
-            rss_bytes=snap.ram.rss_bytes,
-            host_total_bytes=snap.ram.total_bytes,
-            running_peak_rss_bytes=max(self.running_peak_rss_bytes, snap.ram.rss_bytes),
-            gpu_used_bytes=snap.gpu_used_bytes,
-            gpu_total_bytes=sum(d.total_bytes for d in devices) if devices else None,
-            allocator_in_use_bytes=in_use,
-            allocator_reserved_bytes=reserved,
-            backend=info.name if info is not None else snap.keras_backend or "",
-            backend_figures=_backend_figures(info) if info is not None else "",
-            caches=dict(info.caches) if info is not None else {},
-            live_models=snap.keras.live_models,
-            name_counter=snap.keras.name_counter,
-        )
-        self._parts.update(bars=self._bars_html(snap), figures=self._figures_html())
-        self.value = "".join(
-            f"<div class='kerasmagic-{k}'>{v}</div>" for k, v in self._parts.items()
-        )
+        with self._lock, self.hold_sync():  # one comm message for all traits and the HTML
+            self._assign(
+                samples_seen=self.samples_seen + 1,
+                rss_bytes=snap.ram.rss_bytes,
+                host_total_bytes=snap.ram.total_bytes,
+                running_peak_rss_bytes=max(self.running_peak_rss_bytes, snap.ram.rss_bytes),
+                gpu_used_bytes=snap.gpu_used_bytes,
+                gpu_total_bytes=sum(d.total_bytes for d in devices) if devices else None,
+                allocator_in_use_bytes=in_use,
+                allocator_reserved_bytes=reserved,
+                backend=info.name if info is not None else snap.keras_backend or "",
+                backend_figures=_backend_figures(info) if info is not None else "",
+                caches=dict(info.caches) if info is not None else {},
+                live_models=snap.keras.live_models,
+                name_counter=snap.keras.name_counter,
+            )
+            self._parts.update(bars=self._bars_html(snap), figures=self._figures_html())
+            self.value = "".join(
+                f"<div class='kerasmagic-{k}'>{v}</div>" for k, v in self._parts.items()
+            )
 
     def show_cell(self, record: CellRecord, verdict: LeakVerdict) -> None:
         """Show a finished cell: its delta, the sparkline and the leak verdict."""
@@ -214,7 +209,7 @@ class LiveWidget(widgets.HTML):  # type: ignore[misc]
                 else f"<div style='border-left:3px solid {OK_COLOUR};padding-left:4px'>"
                 "stable: no growth across re-runs</div>"
             )
-            self._show_snapshot(record.end)
+            self.show_snapshot(record.end)
 
     def _assign(self, **values: Any) -> None:
         """Set the traits whose value changed: setting one costs ~4 us even to the same value,
