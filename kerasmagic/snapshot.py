@@ -7,25 +7,17 @@ allocator per device and its cache sizes, each figure written once (docs/protoco
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
 from kerasmagic.backends import LABELS, BackendInfo, keras_backend, read_active
 from kerasmagic.backends.oom import device_limit
-from kerasmagic.probes import (
-    GpuDevice,
-    GpuInfo,
-    KerasInfo,
-    RamInfo,
-    read_gpus,
-    read_keras,
-    read_ram,
-)
+from kerasmagic.probes import KerasInfo, RamInfo, read_keras, read_ram
+from kerasmagic.probes.nvml import GpuDevice, GpuInfo, read_gpus
 
 SCHEMA_VERSION = 2  # 2: TensorFlow's figures only in `backends`
 
@@ -57,19 +49,14 @@ class Headline:
 # A snapshot has ~100 leaves and is serialised after every cell for the sidebar; asdict
 # deep-copies each leaf. Its types hold only numbers, strings, None, tuples, lists and dicts.
 _LEAVES = frozenset({int, float, str, bool, type(None)})
-_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def as_dict(obj: Any) -> Any:
     """Return what ``dataclasses.asdict(obj)`` returns (for a dataclass instance ``obj``)."""
-    kind = type(obj)
-    if kind in _LEAVES:
+    if (kind := type(obj)) in _LEAVES:
         return obj
-    names = _FIELDS.get(kind)
-    if names is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(obj))
-    if names is not None:
-        return {name: as_dict(getattr(obj, name)) for name in names}
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: as_dict(getattr(obj, f.name)) for f in fields(obj)}
     if kind is tuple or kind is list:
         return kind(as_dict(item) for item in obj)
     if kind is dict:
@@ -96,14 +83,12 @@ class MemorySnapshot:
     @property
     def backend(self) -> BackendInfo | None:
         """Return the figures of the backend Keras runs on (else the first in use), or None."""
-        mine = [b for b in self.backends if b.keras] or list(self.backends)
-        return mine[0] if mine else None
+        return next((b for b in self.backends if b.keras), next(iter(self.backends), None))
 
     def cache(self, backend: str, name: str) -> int | None:
         """Return the size of the cache ``name`` of ``backend`` (TensorFlow's
         ``default_graph_ops``, ``custom_gradients``, ``functions``), if it was read."""
-        entry = self.backend_named(backend)
-        return None if entry is None else entry.caches.get(name)
+        return None if (entry := self.backend_named(backend)) is None else entry.caches.get(name)
 
     @property
     def gpu_used_bytes(self) -> int | None:
@@ -113,36 +98,25 @@ class MemorySnapshot:
     @property
     def headline(self) -> Headline:
         """Return the figure every view leads with: what runs out, against its limit."""
-        gpus, backend, ram = self.gpu.devices, self.backend, self.ram
+        gpus, backend, ram, host = self.gpu.devices, self.backend, self.ram, self.ram.total_bytes
         counted = [d for d in backend.devices if d.in_use_bytes is not None] if backend else []
         if gpus and backend is not None and counted:
-            on_gpu = [d for d in counted if d.kind == "gpu"] or counted
-            limits = [
-                device_limit(backend.name, d.name, gpus, d.limit_bytes, ram.total_bytes)
-                for d in on_gpu
-            ]
+            on_gpu, name = [d for d in counted if d.kind == "gpu"] or counted, backend.name
+            limits = [device_limit(name, d.name, gpus, d.limit_bytes, host) for d in on_gpu]
             known = [lim for lim in limits if lim is not None]
-            label = f"{LABELS.get(backend.name, backend.name)}'s tensors on "
-            return Headline(
-                "allocator",
-                label + ", ".join(d.name for d in on_gpu),
-                sum(d.in_use_bytes or 0 for d in on_gpu),
-                sum(lim.bytes for lim in known) if len(known) == len(limits) else None,
-                known[0].source if len(known) == 1 else None,
-                self.gpu_used_bytes,
-            )
+            label = f"{LABELS.get(name, name)}'s tensors on {', '.join(d.name for d in on_gpu)}"
+            used = sum(d.in_use_bytes or 0 for d in on_gpu)
+            limit = sum(lim.bytes for lim in known) if len(known) == len(limits) else None
+            source = known[0].source if len(known) == 1 else None
+            return Headline("allocator", label, used, limit, source, self.gpu_used_bytes)
         if gpus and self.gpu_used_bytes is not None:
             total = sum(d.total_bytes for d in gpus)
             return Headline("vram", "this kernel's VRAM", self.gpu_used_bytes, total, "the GPUs")
-        return Headline(
-            "rss", "this kernel's RAM (RSS)", ram.rss_bytes, ram.total_bytes, "host RAM"
-        )
+        return Headline("rss", "this kernel's RAM (RSS)", ram.rss_bytes, host, "host RAM")
 
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict (``version`` first) that ``json.dumps`` accepts."""
-        data = {"version": SCHEMA_VERSION, **as_dict(self)}
-        data["headline"] = as_dict(self.headline)
-        return data
+        return {"version": SCHEMA_VERSION, **as_dict(self), "headline": as_dict(self.headline)}
 
     def to_json(self) -> str:
         """Return the snapshot as a JSON string."""
@@ -151,18 +125,11 @@ class MemorySnapshot:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MemorySnapshot:
         """Rebuild a snapshot from ``to_dict`` output."""
-        gpu = data["gpu"]
-        return cls(
-            time_s=float(data["time_s"]),
-            pid=int(data["pid"]),
-            ram=RamInfo(**data["ram"]),
-            gpu=GpuInfo(
-                gpu["status"], gpu["message"], tuple(GpuDevice(**d) for d in gpu["devices"])
-            ),
-            keras=KerasInfo(**data["keras"]),
-            keras_backend=data.get("keras_backend"),
-            backends=tuple(BackendInfo.from_dict(b) for b in data.get("backends", ())),
-        )
+        time_s, pid, g = float(data["time_s"]), int(data["pid"]), data["gpu"]
+        gpu = GpuInfo(g["status"], g["message"], tuple(GpuDevice(**d) for d in g["devices"]))
+        backends = tuple(BackendInfo.from_dict(b) for b in data.get("backends", ()))
+        ram, keras = RamInfo(**data["ram"]), KerasInfo(**data["keras"])
+        return cls(time_s, pid, ram, gpu, keras, data.get("keras_backend"), backends)
 
 
 @dataclass(frozen=True)
@@ -198,33 +165,27 @@ def _minus(after: int | None, before: int | None) -> int | None:
 
 def diff(before: MemorySnapshot, after: MemorySnapshot) -> SnapshotDelta:
     """Return what changed from ``before`` to ``after``."""
-    device_bytes: dict[str, int] = {}
-    caches: dict[str, dict[str, int]] = {}
-    for new in after.backends:
-        old = before.backend_named(new.name)
-        if old is None:
-            continue
-        change = _minus(new.in_use_bytes, old.in_use_bytes)
-        if change is not None:
-            device_bytes[new.name] = change
-        caches[new.name] = {k: v - old.caches[k] for k, v in new.caches.items() if k in old.caches}
-    mine = after.backend
-    same = mine is not None and before.backend is not None and before.backend.name == mine.name
+    pairs = [(new, old) for new in after.backends if (old := before.backend_named(new.name))]
+    changes = {new.name: _minus(new.in_use_bytes, old.in_use_bytes) for new, old in pairs}
+    device_bytes = {name: change for name, change in changes.items() if change is not None}
+    caches = {
+        new.name: {k: v - old.caches[k] for k, v in new.caches.items() if k in old.caches}
+        for new, old in pairs
+    }
+    mine, theirs = after.backend, before.backend  # the Keras backend's, after and before
+    in_use = (mine.in_use_bytes if mine else None, theirs.in_use_bytes if theirs else None)
+    keras_caches = caches.get(mine.name, {}) if mine and theirs and mine.name == theirs.name else {}
     return SnapshotDelta(
         elapsed_s=after.time_s - before.time_s,
         rss_bytes=after.ram.rss_bytes - before.ram.rss_bytes,
         gpu_used_bytes=_minus(after.gpu_used_bytes, before.gpu_used_bytes),
         live_models=_minus(after.keras.live_models, before.keras.live_models),
         name_counter=_minus(after.keras.name_counter, before.keras.name_counter),
-        backend_bytes=_minus(_backend_bytes(after), _backend_bytes(before)),
-        backend_caches=caches.get(mine.name, {}) if same and mine is not None else {},
+        backend_bytes=_minus(*in_use),
+        backend_caches=keras_caches,
         device_bytes=device_bytes,
         caches=caches,
     )
-
-
-def _backend_bytes(snap: MemorySnapshot) -> int | None:
-    return None if snap.backend is None else snap.backend.in_use_bytes
 
 
 def take_snapshot(
@@ -232,12 +193,7 @@ def take_snapshot(
 ) -> MemorySnapshot:
     """Read every probe once; ``namespace`` lets Keras models be counted. ``light`` skips the
     backends' costlier counts (TensorFlow's function library), as the per-cell hooks do."""
+    now, pid, ram, gpu = time.time(), os.getpid(), read_ram(), read_gpus()
     return MemorySnapshot(
-        time_s=time.time(),
-        pid=os.getpid(),
-        ram=read_ram(),
-        gpu=read_gpus(),
-        keras=read_keras(namespace),
-        keras_backend=keras_backend(),
-        backends=read_active(light=light),
+        now, pid, ram, gpu, read_keras(namespace), keras_backend(), read_active(light=light)
     )

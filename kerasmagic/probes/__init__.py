@@ -52,33 +52,13 @@ def _peak_rss_bytes() -> int | None:
         import resource
     except ImportError:  # Windows
         return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # Linux reports KiB, macOS bytes.
-    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
-
-
-_process: psutil.Process | None = None
-
-
-def _this_process() -> psutil.Process:
-    """Return a cached ``psutil.Process`` for this PID (creating one reads /proc: ~0.3 ms)."""
-    global _process
-    if _process is None or _process.pid != os.getpid():  # new after a fork
-        _process = psutil.Process()
-    return _process
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB, macOS bytes
 
 
 HOST_TTL_S = 1.0  # host totals change slowly; /proc/meminfo costs ~0.1 ms per read
 _host: tuple[float, int, int] = (float("-inf"), 0, 0)  # (read at, total, available)
-
-
-def _host_memory() -> tuple[int, int]:
-    global _host
-    now = time.monotonic()
-    if now - _host[0] > HOST_TTL_S:
-        vm = psutil.virtual_memory()
-        _host = (now, int(vm.total), int(vm.available))
-    return _host[1], _host[2]
+_process: psutil.Process | None = None  # cached: creating one reads /proc (~0.3 ms)
 
 
 def ram_info(rss_bytes: int, peak_rss_bytes: int | None, total: int, available: int) -> RamInfo:
@@ -94,9 +74,14 @@ def ram_info(rss_bytes: int, peak_rss_bytes: int | None, total: int, available: 
 
 def read_ram() -> RamInfo:
     """Return this process's RSS and peak, and the host's total and available memory."""
-    rss = int(_this_process().memory_info().rss)
-    total, available = _host_memory()
-    return ram_info(rss, _peak_rss_bytes(), total, available)
+    global _process, _host
+    if _process is None or _process.pid != os.getpid():  # new after a fork
+        _process = psutil.Process()
+    rss = int(_process.memory_info().rss)
+    if (now := time.monotonic()) - _host[0] > HOST_TTL_S:
+        vm = psutil.virtual_memory()
+        _host = (now, int(vm.total), int(vm.available))
+    return ram_info(rss, _peak_rss_bytes(), *_host[1:])
 
 
 # -- Keras's state ---------------------------------------------------------------------------------
@@ -117,15 +102,14 @@ def name_counter() -> int | None:
     Keras 3 keeps them in its global state; legacy tf-keras per graph, in
     ``tf_keras.src.backend.PER_GRAPH_OBJECT_NAME_UIDS`` (a weak dict graph -> counters).
     """
-    counts = []
+    counts: list[int] = []
     state = sys.modules.get("keras.src.backend.common.global_state")
     if state is not None and works("keras.global_state") and works("keras.name_uids"):
-        uids = state.get_global_attribute("object_name_uids")
-        counts.append(int(sum(uids.values())) if uids else 0)
+        counts.append(int(sum((state.get_global_attribute("object_name_uids") or {}).values())))
     legacy = getattr(sys.modules.get("tf_keras.src.backend"), "PER_GRAPH_OBJECT_NAME_UIDS", None)
     if legacy is not None and works("tf_keras.name_uids"):
-        graphs = list(legacy.values())  # a copy: graphs may be collected meanwhile
-        counts.append(sum(int(sum(uids.values())) for uids in graphs))
+        # A copy of the graphs' counters: graphs may be collected meanwhile.
+        counts.append(sum(int(sum(uids.values())) for uids in list(legacy.values())))
     return sum(counts) if counts else None
 
 
@@ -133,8 +117,7 @@ def read_keras(namespace: Mapping[str, Any] | None) -> KerasInfo:
     """Return Keras's state; models are counted only when a namespace is given."""
     if not model_types():
         return KerasInfo(imported=False, name_counter=None, live_models=None)
-    live = None if namespace is None else count_models(namespace)
-    return KerasInfo(imported=True, name_counter=name_counter(), live_models=live)
+    return KerasInfo(True, name_counter(), None if namespace is None else count_models(namespace))
 
 
 # -- the namespace's largest data ------------------------------------------------------------------
@@ -151,64 +134,45 @@ class Variable:
 
 
 def _array_bytes(obj: Any) -> int | None:
-    module = type(obj).__module__.partition(".")[0]
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and issubclass(type(obj), numpy.ndarray):
+    kind = type(obj)
+    module, name = kind.__module__.partition(".")[0], kind.__name__
+    ndarray = getattr(sys.modules.get("numpy"), "ndarray", ())  # () matches no type
+    if issubclass(kind, ndarray) or (module in ("jax", "jaxlib") and hasattr(kind, "nbytes")):
         return int(obj.nbytes)
-    if module == "pandas" and type(obj).__name__ in ("DataFrame", "Series"):
+    if module == "pandas" and name in ("DataFrame", "Series"):
         usage = obj.memory_usage(index=True, deep=False)
-        return int(usage.sum() if type(obj).__name__ == "DataFrame" else usage)
-    if module in ("tensorflow", "keras") and hasattr(type(obj), "dtype"):
-        elements = obj.shape.num_elements()
-        return None if elements is None else int(elements * obj.dtype.size)
-    if module == "torch" and type(obj).__name__ in ("Tensor", "Parameter"):
+        return int(usage.sum() if name == "DataFrame" else usage)
+    if module in ("tensorflow", "keras") and hasattr(kind, "dtype"):
+        return None if (n := obj.shape.num_elements()) is None else int(n * obj.dtype.size)
+    if module == "torch" and name in ("Tensor", "Parameter"):
         return int(obj.element_size() * obj.nelement())
-    if module in ("jax", "jaxlib") and hasattr(type(obj), "nbytes"):
-        return int(obj.nbytes)
-    if type(obj) in (bytes, bytearray, str):
-        return sys.getsizeof(obj)
-    return None
+    return sys.getsizeof(obj) if kind in (bytes, bytearray, str) else None
 
 
 def size_bytes(obj: Any, depth: int = 0) -> int | None:
-    """Return the data bytes of ``obj`` (containers: of their items), or None if unknown."""
+    """Return the data bytes of ``obj`` (containers: of their items, extrapolated past
+    ``ITEMS_SIZED``), or None if unknown."""
     try:
         own = _array_bytes(obj)
     except Exception:  # a recognised type that still could not say: unknown
         return None
-    if own is not None or depth >= 2:
+    if own is not None or depth >= 2 or not (items := items_of(obj, ITEMS_SIZED)):
         return own
-    items = items_of(obj, ITEMS_SIZED)
-    if not items:
-        return None
-    sizes = [size_bytes(item, depth + 1) for _, item in items]
-    known = [s for s in sizes if s is not None]
-    if not known:
-        return None
-    total_items = _length(obj)
-    return int(sum(known) * max(1.0, total_items / len(items)))
-
-
-def _length(obj: Any) -> int:
-    for base in (list, tuple, dict, set, frozenset):
-        if issubclass(type(obj), base):
-            return int(base.__len__(obj))
-    return 0
+    known = [s for _, item in items if (s := size_bytes(item, depth + 1)) is not None]
+    # items_of only lists these (NumPy arrays have their own size above), read past subclasses
+    bases = (list, tuple, dict, set, frozenset)
+    length = next((int(b.__len__(obj)) for b in bases if issubclass(type(obj), b)), 0)
+    return int(sum(known) * max(1.0, length / len(items))) if known else None
 
 
 def largest_variables(
     namespace: Mapping[str, Any], limit: int = 8, skip: frozenset[int] = frozenset()
 ) -> list[Variable]:
     """Return the ``limit`` largest user variables whose size is known, largest first."""
-    found = []
-    for name in islice(scan_order(namespace), 5000):
-        if name[:1] == "_":
-            continue
-        obj = namespace.get(name)
-        if id(obj) in skip:
-            continue
-        size = size_bytes(obj)
-        if size is not None and size > 0:
-            found.append(Variable(name, type(obj).__name__, size))
-    found.sort(key=lambda v: v.size_bytes, reverse=True)
-    return found[:limit]
+    found = [
+        Variable(name, type(obj).__name__, size)
+        for name in islice(scan_order(namespace), 5000)
+        if name[:1] != "_" and id(obj := namespace.get(name)) not in skip
+        if (size := size_bytes(obj) or 0) > 0
+    ]
+    return sorted(found, key=lambda v: v.size_bytes, reverse=True)[:limit]

@@ -12,7 +12,6 @@ import contextlib
 import importlib
 import os
 import queue
-import sys
 import threading
 import time
 import warnings
@@ -54,12 +53,10 @@ class GpuInfo:
     @property
     def used_bytes(self) -> int | None:
         """Return this process's VRAM over all GPUs, else the devices' total use, else None."""
-        if not self.devices:
-            return None
         mine = [d.process_used_bytes for d in self.devices]
-        if all(m is not None for m in mine):
-            return sum(m for m in mine if m is not None)
-        return sum(d.used_bytes for d in self.devices)
+        if None in mine:
+            return sum(d.used_bytes for d in self.devices)
+        return sum(m or 0 for m in mine) if mine else None
 
 
 # -- the reading thread, with a deadline -----------------------------------------------------------
@@ -72,12 +69,11 @@ class DeadlineWorker:
     """
 
     def __init__(self, fn: Callable[[], GpuInfo], name: str) -> None:
-        self._fn, self._name = fn, name
-        self._lock = threading.Lock()
+        self._fn, self._name, self._lock = fn, name, threading.Lock()
         self._jobs: queue.SimpleQueue[futures.Future[GpuInfo] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._job: futures.Future[GpuInfo] | None = None
-        self._started = 0.0  # time.monotonic() when the newest call was asked for
+        # The newest call, and the time.monotonic() it was asked for.
+        self._job: tuple[futures.Future[GpuInfo], float] | None = None
 
     def call(self, timeout_s: float) -> GpuInfo:
         """Return ``fn()``'s result, or raise ``TimeoutError`` once it has run ``timeout_s``.
@@ -87,36 +83,35 @@ class DeadlineWorker:
         """
         with self._lock:
             alive = self._thread is not None and self._thread.is_alive()  # False after a fork
-            if not alive or self._job is None or self._job.done():
-                self._job, self._started = futures.Future(), time.monotonic()
+            if not alive or self._job is None or self._job[0].done():
+                self._job = futures.Future(), time.monotonic()
                 if not alive:  # each thread reads its own queue: a stopped one ends on None
                     self._jobs = queue.SimpleQueue()
                     self._thread = threading.Thread(
                         target=self._loop, args=(self._jobs,), name=self._name, daemon=True
                     )
                     self._thread.start()
-                self._jobs.put(self._job)
-            job, started = self._job, self._started
+                self._jobs.put(self._job[0])
+            job, started = self._job
         return job.result(max(0.0, started + timeout_s - time.monotonic()))
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the call in flight; return True if none is left."""
-        job = self._job
-        return job is None or not futures.wait([job], timeout_s).not_done
+        return self._job is None or not futures.wait([self._job[0]], timeout_s).not_done
 
     def stop(self, timeout_s: float) -> bool:
         """End the thread once no call is in flight; return False if one still runs (left be).
 
-        A later ``call`` starts a new thread.
+        A later ``call`` starts a new thread. Never called from the thread itself (it runs
+        ``fn`` only), so joining it is safe.
         """
-        if not self.wait_idle(timeout_s):
-            return False
-        with self._lock:
-            thread, self._thread = self._thread, None
-            self._jobs.put(None)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
-        return True
+        if idle := self.wait_idle(timeout_s):
+            with self._lock:
+                thread, self._thread = self._thread, None
+                self._jobs.put(None)
+            if thread is not None:
+                thread.join(timeout_s)
+        return idle
 
     def _loop(self, jobs: queue.SimpleQueue[futures.Future[GpuInfo] | None]) -> None:
         while (job := jobs.get()) is not None:
@@ -126,65 +121,46 @@ class DeadlineWorker:
                 job.set_exception(exc)
 
 
-# -- one device's reading --------------------------------------------------------------------------
+# -- one reading -----------------------------------------------------------------------------------
+Visible = tuple[Any, tuple[int | None, str, str]]  # (handle, (NVML index, UUID, name))
+
+
 def text(value: Any) -> str:
     """Return a binding's string (old bindings return bytes) or an error as one line."""
     return " ".join((value.decode() if isinstance(value, bytes) else str(value)).split())
 
 
-def is_error(nvml: ModuleType, exc: BaseException, kind: str) -> bool:
-    """Return True if ``exc`` is the binding's ``NVMLError_<kind>``."""
-    cls = getattr(nvml, f"NVMLError_{kind}", None)
-    return isinstance(cls, type) and isinstance(exc, cls)
-
-
 def describe(nvml: ModuleType | None, exc: Exception) -> str:
-    """Return one line saying what went wrong."""
-    if nvml is not None and isinstance(exc, AttributeError) and getattr(exc, "obj", None) is nvml:
+    """Return one line saying what went wrong: NVML's own words, else the exception's type too."""
+    if nvml is not None and isinstance(exc, AttributeError) and exc.obj is nvml:
         return f"this pynvml has no {exc.name}: install a current nvidia-ml-py"
-    base = getattr(nvml, "NVMLError", None)
     message = text(exc)
-    if isinstance(base, type) and isinstance(exc, base):
-        return message or type(exc).__name__
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    if message and not isinstance(exc, getattr(nvml, "NVMLError", ())):
+        return f"{type(exc).__name__}: {message}"
+    return message or type(exc).__name__
 
 
-@dataclass(frozen=True)
-class Visible:
-    """What never changes about a visible device while NVML stays initialised."""
-
-    nvml_index: int | None
-    handle: Any
-    uuid: str
-    name: str
-
-
-def _visible_handles(nvml: ModuleType) -> list[tuple[int | None, Any]]:
-    """Return (NVML index, handle) for each device CUDA_VISIBLE_DEVICES lets CUDA see."""
-    count = int(nvml.nvmlDeviceGetCount())
+def _visible_devices(nvml: ModuleType) -> list[Visible]:
+    """Return (handle, (NVML index, UUID, name)) of each device CUDA_VISIBLE_DEVICES lets CUDA
+    see, resolved once per NVML session and CUDA_VISIBLE_DEVICES value."""
+    global _visible
     spec = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if spec is None:
-        return [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
-    handles: list[tuple[int | None, Any]] = []
-    for item in (part.strip() for part in spec.split(",")):
-        if item.isdigit():
-            if int(item) >= count:
-                break  # CUDA ignores this entry and everything after it
-            handles.append((int(item), nvml.nvmlDeviceGetHandleByIndex(int(item))))
-        elif item.startswith(("GPU-", "MIG-")):
-            handles.append(_handle_by_uuid(nvml, item, count))
+    if _visible is not None and _visible[0] == spec:
+        return _visible[1]
+    count = int(nvml.nvmlDeviceGetCount())
+    found: list[tuple[int | None, Any]] = []
+    for item in map(str, range(count)) if spec is None else (p.strip() for p in spec.split(",")):
+        if item.isdigit() and int(item) < count:
+            found.append((int(item), nvml.nvmlDeviceGetHandleByIndex(int(item))))
+        elif item.startswith(("GPU-", "MIG-")):  # a full or prefix UUID, as CUDA accepts both
+            indexed = ((i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count))
+            ours = (ih for ih in indexed if text(nvml.nvmlDeviceGetUUID(ih[1])).startswith(item))
+            found.append(next(ours, None) or (None, nvml.nvmlDeviceGetHandleByUUID(item)))
         else:
-            break
-    return handles
-
-
-def _handle_by_uuid(nvml: ModuleType, uuid: str, count: int) -> tuple[int | None, Any]:
-    """Find a device by full or prefix UUID, as CUDA accepts both."""
-    for i in range(count):
-        handle = nvml.nvmlDeviceGetHandleByIndex(i)
-        if text(nvml.nvmlDeviceGetUUID(handle)).startswith(uuid):
-            return i, handle
-    return None, nvml.nvmlDeviceGetHandleByUUID(uuid)  # MIG instances are not indexed
+            break  # CUDA ignores this entry and everything after it
+    get_uuid, get_name = nvml.nvmlDeviceGetUUID, nvml.nvmlDeviceGetName
+    _visible = (spec, [(h, (n, text(get_uuid(h)), text(get_name(h)))) for n, h in found])
+    return _visible[1]
 
 
 def _process_share(nvml: ModuleType, handle: Any) -> tuple[int | None, str | None]:
@@ -192,35 +168,43 @@ def _process_share(nvml: ModuleType, handle: Any) -> tuple[int | None, str | Non
     try:
         procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
     except Exception as exc:
-        if is_error(nvml, exc, "Uninitialized"):
+        if isinstance(exc, nvml.NVMLError_Uninitialized):
             raise  # the whole reading starts NVML again
-        hint = " (usual on WSL2 and vGPU)" if is_error(nvml, exc, "NotSupported") else ""
+        hint = " (usual on WSL2 and vGPU)" if isinstance(exc, nvml.NVMLError_NotSupported) else ""
         return None, f"not available: NVML's process list failed: {describe(nvml, exc)}{hint}"
-    mine = [p for p in procs if int(p.pid) == os.getpid()]
-    if mine:
-        used = [p.usedGpuMemory for p in mine]
-        if any(u is None for u in used):
-            return None, "unknown: the driver does not report per-process use"
-        return sum(int(u) for u in used), None
-    if any(not psutil.pid_exists(int(p.pid)) for p in procs):
+    mine = [p.usedGpuMemory for p in procs if int(p.pid) == os.getpid()]
+    if None in mine:
+        return None, "unknown: the driver does not report per-process use"
+    if not mine and any(not psutil.pid_exists(int(p.pid)) for p in procs):
         return None, "unknown: NVML lists PIDs of another PID namespace (a container)"
-    return 0, None
+    return sum(int(u) for u in mine), None
 
 
-def read_device(nvml: ModuleType, cuda_index: int, visible: Visible) -> GpuDevice:
-    """Read one device's memory; its per-process share degrades on its own."""
-    mem = nvml.nvmlDeviceGetMemoryInfo(visible.handle)
-    mine, note = _process_share(nvml, visible.handle)
-    return GpuDevice(
-        cuda_index=cuda_index,
-        nvml_index=visible.nvml_index,
-        uuid=visible.uuid,
-        name=visible.name,
-        total_bytes=int(mem.total),
-        used_bytes=int(mem.used),
-        process_used_bytes=mine,
-        process_note=note,
-    )
+def _read(nvml: ModuleType, restart: bool = False) -> GpuInfo:
+    """Read every visible device (a good reading is kept as ``_last_good``); errors become a
+    status. If NVML was shut down under us (a user's ``nvmlShutdown()``), start it once again
+    (``restart``)."""
+    global _visible, _last_good
+    try:
+        if restart:
+            nvml.nvmlInit()
+        if not (visible := _visible_devices(nvml)):
+            if int(nvml.nvmlDeviceGetCount()) == 0:
+                return GpuInfo("no_gpu", "the NVIDIA driver reports no GPU", ())
+            return GpuInfo("hidden", "CUDA_VISIBLE_DEVICES hides every GPU", ())
+        devices = []
+        for cuda_index, (handle, facts) in enumerate(visible):
+            # The memory first: the per-process share degrades on its own.
+            mem, share = nvml.nvmlDeviceGetMemoryInfo(handle), _process_share(nvml, handle)
+            devices.append(GpuDevice(cuda_index, *facts, int(mem.total), int(mem.used), *share))
+        _last_good = (time.monotonic(), GpuInfo("ok", None, tuple(devices)))
+        return _last_good[1]
+    except Exception as exc:
+        _visible = None  # a lost, reset or re-initialised GPU: resolve the devices again
+        if not restart and isinstance(exc, nvml.NVMLError_Uninitialized):
+            return _read(nvml, restart=True)
+        lost = "not available: NVML was shut down and did not restart"
+        return GpuInfo("error", f"{lost if restart else 'NVML error'}: {describe(nvml, exc)}", ())
 
 
 # -- NVML's state in this process ------------------------------------------------------------------
@@ -229,7 +213,6 @@ _nvml: ModuleType | None = None
 _failure: GpuInfo | None = None  # remembered so a missing driver is not probed every sample
 _visible: tuple[str | None, list[Visible]] | None = None  # (CUDA_VISIBLE_DEVICES, devices)
 _last_good: tuple[float, GpuInfo] | None = None  # (time.monotonic(), reading)
-DEPRECATED_PYNVML = "The pynvml package is deprecated"  # printed by that package's import hook
 
 
 def _import_pynvml() -> ModuleType:
@@ -238,109 +221,55 @@ def _import_pynvml() -> ModuleType:
     One filter is added and removed again, rather than ``catch_warnings``, which would put back
     the whole filter list and so drop any filter the main thread set meanwhile.
     """
-    if sys.modules.get("pynvml") is not None:
-        return importlib.import_module("pynvml")
-    warnings.filterwarnings("ignore", DEPRECATED_PYNVML, FutureWarning)
-    filters = cast("list[Any]", warnings.filters)  # a list at run time; typeshed says Sequence
-    ours = filters[0]
+    # What that package's import hook prints:
+    warnings.filterwarnings("ignore", "The pynvml package is deprecated", FutureWarning)
+    ours = warnings.filters[0]
     try:
         return importlib.import_module("pynvml")
     finally:
         with contextlib.suppress(ValueError):  # someone reset the filters meanwhile
-            filters.remove(ours)
-
-
-def _start() -> ModuleType | GpuInfo:
-    """Return the initialised pynvml module, or the failure (remembered) that prevents it."""
-    global _nvml, _failure
-    if _nvml is not None:
-        return _nvml
-    try:
-        module = _import_pynvml()
-    except ImportError:
-        _failure = GpuInfo("no_driver", "nvidia-ml-py (pynvml) is not installed", ())
-        return _failure
-    except Exception as exc:
-        _failure = GpuInfo("error", f"pynvml failed to import: {describe(None, exc)}", ())
-        return _failure
-    try:
-        module.nvmlInit()
-    except AttributeError as exc:
-        _failure = GpuInfo("error", describe(module, exc), ())
-        return _failure
-    except Exception as exc:  # no driver library at all, or a driver that did not start
-        message = "no NVIDIA GPU"
-        if not is_error(module, exc, "LibraryNotFound"):
-            message += f" in use: the NVIDIA driver did not start ({describe(module, exc)})"
-        _failure = GpuInfo("no_driver", message, ())
-        return _failure
-    _nvml = module
-    atexit.unregister(shutdown)  # once, however often NVML starts again
-    atexit.register(shutdown)
-    return module
-
-
-def _visible_devices(nvml: ModuleType) -> list[Visible]:
-    """Resolve the visible devices once per NVML session and CUDA_VISIBLE_DEVICES value."""
-    global _visible
-    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if _visible is None or _visible[0] != spec:
-        get_uuid, get_name = nvml.nvmlDeviceGetUUID, nvml.nvmlDeviceGetName
-        found = [
-            Visible(n, h, text(get_uuid(h)), text(get_name(h))) for n, h in _visible_handles(nvml)
-        ]
-        _visible = (spec, found)
-    return _visible[1]
-
-
-def _read(nvml: ModuleType) -> GpuInfo:
-    """Read every visible device; raises what the binding raises."""
-    global _visible
-    try:
-        visible = _visible_devices(nvml)
-        if not visible:
-            if int(nvml.nvmlDeviceGetCount()) == 0:
-                return GpuInfo("no_gpu", "the NVIDIA driver reports no GPU", ())
-            return GpuInfo("hidden", "CUDA_VISIBLE_DEVICES hides every GPU", ())
-        return GpuInfo("ok", None, tuple(read_device(nvml, i, v) for i, v in enumerate(visible)))
-    except Exception:
-        _visible = None  # a lost, reset or re-initialised GPU: resolve the devices again
-        raise
-
-
-def _read_or_restart(nvml: ModuleType) -> GpuInfo:
-    """Read; if NVML was shut down under us (a user's ``nvmlShutdown()``), start it once again."""
-    try:
-        return _read(nvml)
-    except Exception as exc:
-        if not is_error(nvml, exc, "Uninitialized"):
-            return GpuInfo("error", f"NVML error: {describe(nvml, exc)}", ())
-    try:
-        nvml.nvmlInit()
-        return _read(nvml)
-    except Exception as exc:
-        why = describe(nvml, exc)
-        return GpuInfo("error", f"not available: NVML was shut down and did not restart: {why}", ())
+            cast("list[Any]", warnings.filters).remove(ours)  # a list; typeshed says Sequence
 
 
 def read_now() -> GpuInfo:
-    """Return a fresh reading of every GPU this process may use (blocks while NVML does)."""
-    global _last_good
+    """Return a fresh reading of every GPU this process may use (blocks while NVML does).
+
+    NVML is started on the first reading; a failure to start it is remembered (``_failure``).
+    """
+    global _nvml, _failure
     with _lock:
-        nvml = _start()
-        if isinstance(nvml, GpuInfo):
-            return nvml
-        info = _read_or_restart(nvml)
-        if info.status == "ok":
-            _last_good = (time.monotonic(), info)
-        return info
+        if _nvml is not None:
+            return _read(_nvml)
+        module: ModuleType | None = None
+        try:
+            module = _import_pynvml()
+            module.nvmlInit()
+        except Exception as exc:
+            status: GpuStatus = "error"
+            if module is None and isinstance(exc, ImportError):
+                status, message = "no_driver", "nvidia-ml-py (pynvml) is not installed"
+            elif module is None:
+                message = f"pynvml failed to import: {describe(None, exc)}"
+            elif isinstance(exc, AttributeError):
+                message = describe(module, exc)
+            else:  # no driver library at all, or a driver that did not start
+                status, message = "no_driver", "no NVIDIA GPU"
+                if not isinstance(exc, module.NVMLError_LibraryNotFound):
+                    message += f" in use: the NVIDIA driver did not start ({describe(module, exc)})"
+            _failure = GpuInfo(status, message, ())
+            return _failure
+        _nvml = module
+        atexit.unregister(shutdown)  # once, however often NVML starts again
+        atexit.register(shutdown)
+        return _read(module)
 
 
-def _shutdown_nvml(wait_s: float) -> bool:
-    """Shut NVML down and forget everything; False if a reading still blocks after ``wait_s``."""
+def _shutdown_nvml(ready: bool, wait_s: float) -> None:
+    """If ``ready``, shut NVML down and forget everything, unless a reading still blocks after
+    ``wait_s``."""
     global _nvml, _failure, _visible, _last_good
-    if not _lock.acquire(timeout=wait_s):
-        return False
+    if not ready or not _lock.acquire(timeout=wait_s):
+        return
     try:
         module, _nvml, _failure, _visible, _last_good = _nvml, None, None, None, None
         if module is not None:
@@ -348,7 +277,6 @@ def _shutdown_nvml(wait_s: float) -> bool:
                 module.nvmlShutdown()
     finally:
         _lock.release()
-    return True
 
 
 # -- what the probes read --------------------------------------------------------------------------
@@ -360,21 +288,18 @@ wait_idle = _worker.wait_idle  # wait up to a timeout for a reading in flight; T
 
 
 def read_gpus(timeout_s: float = DEADLINE_S) -> GpuInfo:
-    """Return memory of every GPU this process may use; failures and delays become a status."""
+    """Return memory of every GPU this process may use; failures and delays become a status.
+
+    When NVML is late: the last good reading marked stale, else "not available".
+    """
     if _failure is not None:
         return _failure  # no driver: answered here, without a thread
     try:
         return _worker.call(timeout_s)
     except TimeoutError:
-        return _late(timeout_s)
+        waited, last = f"NVML did not answer within {timeout_s * 1000:.0f} ms", _last_good
     except Exception as exc:  # read_now returns its failures; this is a last resort
         return GpuInfo("error", f"NVML error: {type(exc).__name__}: {exc}", ())
-
-
-def _late(timeout_s: float) -> GpuInfo:
-    """Return the last good reading marked stale, or "not available", when NVML is late."""
-    waited = f"NVML did not answer within {timeout_s * 1000:.0f} ms"
-    last = _last_good
     if last is None:
         return GpuInfo("error", f"not available: {waited} (starting, or a hung driver)", ())
     age_s = time.monotonic() - last[0]
@@ -386,12 +311,10 @@ def shutdown(wait_s: float = EXIT_WAIT_S) -> None:
 
     A reading that still hangs after ``wait_s`` is left alone, and so is NVML.
     """
-    if wait_idle(wait_s):
-        _shutdown_nvml(wait_s)
+    _shutdown_nvml(wait_idle(wait_s), wait_s)
 
 
 def stop(wait_s: float = EXIT_WAIT_S) -> None:
     """Shut NVML down and end the reading thread (``%unload_ext``); the next reading restarts
     both. A reading that still hangs is left alone."""
-    if _worker.stop(wait_s):
-        _shutdown_nvml(wait_s)
+    _shutdown_nvml(_worker.stop(wait_s), wait_s)
