@@ -141,8 +141,7 @@ def keras_backend() -> str | None:
 
 def chosen() -> str:
     """Return the backend Keras runs on, or will run on once imported (env, keras.json)."""
-    name = keras_backend() or os.environ.get("KERAS_BACKEND")
-    if name:
+    if name := keras_backend() or os.environ.get("KERAS_BACKEND"):
         return name
     home = Path(os.environ.get("KERAS_HOME", Path.home() / ".keras"))
     config: Any = attempt(lambda: json.loads((home / "keras.json").read_text()), {})
@@ -151,10 +150,9 @@ def chosen() -> str:
 
 def unsupported(name: str) -> str:
     """Return the one line shown for a Keras backend kerasmagic does not know."""
-    return (
-        f"the Keras backend {name!r} is not supported by kerasmagic (supported: "
-        f"{', '.join(NAMES)}): only RAM and NVML figures are shown, cleanup is Keras's own"
-    )
+    supported = ", ".join(NAMES)
+    return (f"the Keras backend {name!r} is not supported by kerasmagic (supported: {supported}): "
+            "only RAM and NVML figures are shown, cleanup is Keras's own")  # fmt: skip
 
 
 def active() -> list[str]:
@@ -185,11 +183,9 @@ def _each(attr: str, *args: Any, site: str = "", every: bool = False) -> dict[st
     """Return each backend in use's (``every``: each one's) ``attr(*args)``, by name, where it
     has that field; a failure (said once per ``site``, the field's name unless given) or a None
     answer is left out."""
-    out = {}
-    for name in NAMES if every else active():
-        call = getattr(get(name), attr, None)
-        if call is not None:
-            out[name] = attempt(functools.partial(call, *args), None, f"{name}.{site or attr}")
+    out = {name: attempt(functools.partial(call, *args), None, f"{name}.{site or attr}")
+           for name in (NAMES if every else active())
+           if (call := getattr(get(name), attr, None)) is not None}  # fmt: skip
     return {name: answer for name, answer in out.items() if answer is not None}
 
 

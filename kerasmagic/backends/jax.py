@@ -28,8 +28,8 @@ TOO_LATE = (
 
 def started() -> bool:
     """Return True once JAX has created its backends (device memory may be taken)."""
-    bridge = sys.modules.get("jax._src.xla_bridge")
-    if bridge is None or not works("jax.started"):  # moved: said once, by compat
+    # moved: said once, by compat
+    if (bridge := sys.modules.get("jax._src.xla_bridge")) is None or not works("jax.started"):
         return False
     return bool(attempt(bridge.backends_are_initialized, False))
 
@@ -68,10 +68,9 @@ def _nbytes(array: Any) -> int:
 
 def caches(jax: Any) -> dict[str, int]:
     """Return live arrays (count, bytes) and compiled executables, where readable."""
-    out: dict[str, int] = {}
     arrays = attempt(jax.live_arrays, None)
-    if arrays is not None:
-        out = {"live_arrays": len(arrays), "live_array_bytes": sum(_nbytes(a) for a in arrays)}
+    nbytes = sum(_nbytes(a) for a in arrays or ())
+    out = {} if arrays is None else {"live_arrays": len(arrays), "live_array_bytes": nbytes}
     compiled = compiled_count()
     return out if compiled is None else {**out, "compiled": compiled}
 
@@ -88,16 +87,14 @@ def read() -> BackendInfo:
         note = "JAX has not started its devices yet (no device memory taken)"
         return BackendInfo("jax", version, keras, None, notes=(note,) if jax else ())
     platform = _platform(jax)
-    found: list[Any] = attempt(jax.local_devices, [])
-    devices = tuple(_device(d) for d in found)
+    devices = tuple(_device(d) for d in attempt(jax.local_devices, list[Any]()))
     notes = (PREALLOCATED,) if platform == "gpu" and preallocating() else ()
     return BackendInfo("jax", version, keras, platform, devices, caches(jax), notes)
 
 
 def reset() -> list[str]:
     """Empty JAX's jit/pjit compilation caches (they keep every traced model's executables)."""
-    jax = loaded("jax")
-    if jax is None or not callable(getattr(jax, "clear_caches", None)):
+    if (jax := loaded("jax")) is None or not callable(getattr(jax, "clear_caches", None)):
         return []
     jax.clear_caches()
     return ["jax.clear_caches"]

@@ -18,30 +18,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kerasmagic.backends import LABELS, NAMES, BackendInfo, Limit, get
+from kerasmagic.backends import LABELS, NAMES, Limit, get
 
 # Bytes per element of the dtype names TensorFlow writes in its OOM message.
-ITEMSIZE = {
-    "float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int16": 2,
-    "int32": 4, "int64": 8, "bool": 1, "complex64": 8, "complex128": 16,
-}  # fmt: skip
-TF_OOM = re.compile(
-    r"OOM when allocating tensor with shape\s*\[(?P<shape>[\d,\s]*)\]\s*and type (?P<dtype>\w+)"
-    r"\s*on (?P<device>\S+)"
-)
-SIZE = r"(?P<{}>[\d.]+ ?(?:bytes|B|[KMGT]i?B))"
-TORCH_WANTED = re.compile(r"Tried to allocate " + SIZE.format("size"))
-TORCH_TOTAL = re.compile(  # 2.1+: "has a total capacity of 79.15 GiB"; older: "79.15 GiB total"
-    r"total capacity of " + SIZE.format("a") + "|" + SIZE.format("b") + " total capacity"
-)
-TORCH_ALLOWED = re.compile(SIZE.format("size") + " allowed")  # set_per_process_memory_fraction
-TORCH_IN_USE = re.compile(  # 2.1+: "76.1 GiB is allocated by PyTorch"; older: "already allocated"
-    SIZE.format("a") + " is allocated by PyTorch|" + SIZE.format("b") + " already allocated"
-)
+ITEMSIZE = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int16": 2,
+            "int32": 4, "int64": 8, "bool": 1, "complex64": 8, "complex128": 16}  # fmt: skip
+TF_OOM = re.compile(r"OOM when allocating tensor with shape\s*\[(?P<shape>[\d,\s]*)\]\s*and type "
+                    r"(?P<dtype>\w+)\s*on (?P<device>\S+)")  # fmt: skip
+SIZE = r"([\d.]+) ?(bytes|B|[KMGT]i?B)"  # a figure and its unit, read by ``_size``
+TORCH_WANTED = re.compile(r"Tried to allocate " + SIZE)
+# 2.1+: "has a total capacity of 79.15 GiB"; older: "79.15 GiB total capacity"
+TORCH_TOTAL = re.compile(f"total capacity of {SIZE}|{SIZE} total capacity")
+TORCH_ALLOWED = re.compile(SIZE + " allowed")  # set_per_process_memory_fraction
+# 2.1+: "76.1 GiB is allocated by PyTorch"; older: "130.35 MiB already allocated"
+TORCH_IN_USE = re.compile(f"{SIZE} is allocated by PyTorch|{SIZE} already allocated")
 TORCH_CPU = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+)")
-JAX_WANTED = re.compile(  # CPU: "Out of memory allocating N bytes"; GPU: "... trying to allocate"
-    r"allocat\w* (?P<bytes>\d+) bytes|allocate request for [\d.]+ ?\w+ \((?P<b>\d+)B\)"
-)
+# CPU: "Out of memory allocating N bytes"; GPU: "... trying to allocate", or BFC's request
+JAX_WANTED = re.compile(r"allocat\w* (\d+) (bytes)|allocate request for [\d.]+ ?\w+ \((\d+)(B)\)")
 JAX_DEVICE = re.compile(r"device ordinal (\d+)")
 UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
          "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}  # fmt: skip
@@ -75,11 +68,9 @@ def find_oom(error: BaseException | None) -> OomError | None:
         seen.add(id(error))
         outcome = getattr(error, "outcome", None)
         kind = getattr(outcome, "error_type", None)
-        if isinstance(kind, str):
-            text = getattr(outcome, "error_message", None) or getattr(outcome, "error", "")
-            found = parse_oom(kind, "", str(text or ""))
-        else:
-            found = parse_oom(type(error).__name__, type(error).__module__ or "", str(error))
+        text = getattr(outcome, "error_message", None) or getattr(outcome, "error", "")
+        found = parse_oom(kind, "", str(text or "")) if isinstance(kind, str) else (
+            parse_oom(type(error).__name__, type(error).__module__ or "", str(error)))  # fmt: skip
         if found is not None:
             return found
         error = error.__cause__ or error.__context__
@@ -93,36 +84,33 @@ def parse_oom(kind: str, module: str, text: str) -> OomError | None:
         match = TF_OOM.search(text)
         if match is None:
             return OomError("tensorflow", None, None, None, None)
-        shape = tuple(int(n) for n in match["shape"].replace(" ", "").split(",") if n)
-        size = ITEMSIZE.get(match["dtype"])
-        wanted = None if size is None else math.prod(shape) * size
+        shape, dtype = tuple(map(int, re.findall(r"\d+", match["shape"]))), match["dtype"]
+        wanted = math.prod(shape) * ITEMSIZE[dtype] if dtype in ITEMSIZE else None
         device = match["device"].rsplit("device:", 1)[-1]
-        return OomError("tensorflow", device, wanted, shape, match["dtype"])
+        return OomError("tensorflow", device, wanted, shape, dtype)
     torch_type = kind == "OutOfMemoryError" and (not module or module.startswith("torch"))
     if torch_type or "CUDA out of memory" in text:
         gpu = re.search(r"GPU (\d+)", text)
-        limit = _size(TORCH_ALLOWED.search(text)) or _size(TORCH_TOTAL.search(text))
-        wanted, in_use = _size(TORCH_WANTED.search(text)), _size(TORCH_IN_USE.search(text))
+        limit = _size(TORCH_ALLOWED, text) or _size(TORCH_TOTAL, text)
+        wanted, in_use = _size(TORCH_WANTED, text), _size(TORCH_IN_USE, text)
         return OomError("torch", gpu and f"cuda:{gpu[1]}", wanted, None, None, in_use, limit)
     cpu = TORCH_CPU.search(text)
     if cpu is not None:
         return OomError("torch", "cpu", int(cpu[1]), None, None)
     if "RESOURCE_EXHAUSTED" in text and (kind in JAX_ERRORS or text.lstrip().startswith("RES")):
-        asked, ordinal = JAX_WANTED.search(text), JAX_DEVICE.search(text)
-        wanted = int(asked["bytes"] or asked["b"]) if asked else None
-        return OomError("jax", ordinal and f"gpu:{ordinal[1]}", wanted, None, None)
+        ordinal = JAX_DEVICE.search(text)
+        return OomError("jax", ordinal and f"gpu:{ordinal[1]}", _size(JAX_WANTED, text), None, None)
     return None
 
 
 JAX_ERRORS = ("JaxRuntimeError", "XlaRuntimeError")  # jax.errors; jaxlib's older name
 
 
-def _size(match: re.Match[str] | None) -> int | None:
-    """Return the bytes of a matched ``SIZE`` group (whichever alternative matched)."""
-    if match is None:
+def _size(pattern: re.Pattern[str], text: str) -> int | None:
+    """Return the bytes ``pattern``'s figure says in ``text`` (whichever alternative matched)."""
+    if (match := pattern.search(text)) is None:
         return None
-    said = next(g for g in match.groups() if g)
-    number, unit = re.fullmatch(r"([\d.]+) ?(\w+)", said).groups()  # type: ignore[union-attr]
+    number, unit = (g for g in match.groups() if g)  # the one alternative that matched
     return int(float(number) * UNITS[unit])
 
 
@@ -164,12 +152,6 @@ def device_limit(
         return Limit(host_total, HOST_RAM)
     index = index_of(device)
     return Limit(gpus[index].total_bytes, GPU_TOTAL) if device and index < len(gpus) else None
-
-
-def reported_limit(backends: Sequence[BackendInfo], backend: str, device: str | None) -> int | None:
-    """Return the limit the backend itself reports for ``device``, if any."""
-    mine = [d for info in backends if info.name == backend for d in info.devices]
-    return next((d.limit_bytes for d in mine if same_device(d.name, device)), None)
 
 
 def same_device(a: str | None, b: str | None) -> bool:

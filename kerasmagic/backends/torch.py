@@ -37,24 +37,26 @@ def cuda_started(torch: Any) -> bool:
 
 def device_limit(torch: Any, index: int) -> tuple[int, str]:
     """Return a GPU's limit for PyTorch: its total, times ``set_per_process_memory_fraction``."""
-    cuda = torch.cuda
-    total = int(cuda.get_device_properties(index).total_memory)
-    fraction = attempt(lambda: float(cuda.get_per_process_memory_fraction(index)), 1.0)
+    total = int(torch.cuda.get_device_properties(index).total_memory)
+    fraction = attempt(lambda: float(torch.cuda.get_per_process_memory_fraction(index)), 1.0)
     if fraction < 1.0:
         return int(total * fraction), "PyTorch's memory fraction"
     return total, "the GPU's total"
 
 
-def _device(torch: Any, index: int) -> BackendDevice:
-    cuda = torch.cuda
-    return BackendDevice(
-        f"cuda:{index}",
-        attempt(lambda: int(cuda.memory_allocated(index)), None),
-        attempt(lambda: int(cuda.max_memory_allocated(index)), None),
-        attempt(lambda: device_limit(torch, index)[0], None),
-        attempt(lambda: int(cuda.memory_reserved(index)), None),
-        "gpu",
-    )
+def _gpus(torch: Any) -> range:
+    """Return the CUDA devices' indices once PyTorch has initialised CUDA, else none."""
+    started = torch is not None and cuda_started(torch)
+    return range(attempt(lambda: int(torch.cuda.device_count()), 0) if started else 0)
+
+
+def _device(torch: Any, i: int) -> BackendDevice:
+    def get(name: str) -> int | None:
+        return attempt(lambda: int(getattr(torch.cuda, name)(i)), None)
+
+    limit = attempt(lambda: device_limit(torch, i)[0], None)
+    used, peak, reserved = map(get, ("memory_allocated", "max_memory_allocated", "memory_reserved"))
+    return BackendDevice(f"cuda:{i}", used, peak, limit, reserved, "gpu")
 
 
 def read() -> BackendInfo:
@@ -68,10 +70,9 @@ def read() -> BackendInfo:
     tracker = getattr(convert, "input_codes", None) if works("torch.dynamo") else None
     frames = attempt(lambda: len(tracker.seen), None) if tracker is not None else None
     caches = {} if frames is None else {"compiled_frames": frames}
-    gpu = cuda_started(torch)
-    count = attempt(lambda: int(torch.cuda.device_count()), 0) if gpu else 0
-    devices = tuple(_device(torch, i) for i in range(count))
-    return BackendInfo("torch", version, keras, "gpu" if gpu else "cpu", devices, caches)
+    devices = tuple(_device(torch, i) for i in _gpus(torch))
+    platform = "gpu" if cuda_started(torch) else "cpu"
+    return BackendInfo("torch", version, keras, platform, devices, caches)
 
 
 def reset() -> list[str]:
@@ -86,8 +87,7 @@ def reset() -> list[str]:
 def release() -> list[str]:
     """After the cleanup's collection (tensors in reference cycles are gone by then): hand the
     cached CUDA blocks no tensor uses back to the driver."""
-    torch = loaded_torch()
-    if torch is None or not cuda_started(torch):
+    if (torch := loaded_torch()) is None or not cuda_started(torch):
         return []
     torch.cuda.empty_cache()
     torch.cuda.ipc_collect()
@@ -113,13 +113,10 @@ def configure(growth: bool, limit_mb: int | None) -> str:
 
 def reset_peaks() -> list[str]:
     """Reset PyTorch's peak counters on every CUDA device; return the devices reset."""
-    torch = loaded_torch()
-    if torch is None or not cuda_started(torch):
-        return []
-    count = attempt(lambda: int(torch.cuda.device_count()), 0)
-    for i in range(count):
+    torch: Any = loaded_torch()
+    for i in (gpus := _gpus(torch)):
         torch.cuda.reset_peak_memory_stats(i)
-    return [f"cuda:{i}" for i in range(count)]
+    return [f"cuda:{i}" for i in gpus]
 
 
 def put_back(before: object, failed: bool) -> list[str]:

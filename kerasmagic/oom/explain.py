@@ -16,15 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from kerasmagic.backends import LABELS
-from kerasmagic.backends.oom import (
-    OomError,
-    device_limit,
-    find_oom,
-    is_cpu,
-    reported_limit,
-    same_device,
-)
+from kerasmagic.backends import LABELS, BackendDevice, BackendInfo
+from kerasmagic.backends.oom import OomError, device_limit, find_oom, is_cpu, same_device
 from kerasmagic.shellstate import ShellState
 from kerasmagic.units import fmt_bytes
 
@@ -32,7 +25,6 @@ log = logging.getLogger(__name__)
 FIND_BATCH = "kerasmagic.find_batch_size(model, x, y) finds the largest batch that fits"
 
 if TYPE_CHECKING:
-    from kerasmagic.backends import BackendInfo
     from kerasmagic.cleanup.holders import LiveModel
     from kerasmagic.probes.nvml import GpuDevice
 
@@ -55,8 +47,7 @@ class Figures:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Figures:
         """Rebuild from ``to_dict`` output, ignoring fields this version does not know."""
-        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-        return cls(**known)
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
 @dataclass(frozen=True)
@@ -78,17 +69,15 @@ class OomFacts:
     @classmethod
     def of(cls, oom: OomError, figures: Figures, remedy: str, isolated: bool) -> OomFacts:
         """Return the facts of ``oom`` with the device's ``figures``."""
-        return cls(
-            oom.backend, figures.device or oom.device, oom.wanted_bytes, oom.shape, oom.dtype,
-            figures.in_use_bytes, figures.peak_bytes, figures.limit_bytes, figures.limit_source,
-            remedy, isolated,
-        )  # fmt: skip
+        f = figures
+        # fmt: off
+        return cls(oom.backend, f.device or oom.device, oom.wanted_bytes, oom.shape, oom.dtype,
+                   f.in_use_bytes, f.peak_bytes, f.limit_bytes, f.limit_source, remedy, isolated)
+        # fmt: on
 
     def to_dict(self) -> dict[str, Any]:
         """Return a plain dict that ``json.dumps`` accepts (the shape as a list)."""
-        out = asdict(self)
-        out["shape"] = None if self.shape is None else list(self.shape)
-        return out
+        return {**asdict(self), "shape": None if self.shape is None else list(self.shape)}
 
 
 def read_figures(
@@ -103,23 +92,16 @@ def read_figures(
     The message's own figures (PyTorch's CUDA message gives them at the failure) win over the
     reading; a device the message does not name (JAX's) is the backend's first.
     """
-    device, in_use, peak = oom.device, None, None
-    for info in backends:
-        for d in info.devices if info.name == oom.backend else ():
-            if device is None or same_device(d.name, device):
-                device, in_use, peak = d.name, d.in_use_bytes, d.peak_bytes
-                break
-    reported = oom.limit_bytes or reported_limit(backends, oom.backend, device)
+    mine = [d for info in backends if info.name == oom.backend for d in info.devices]
+    unread = BackendDevice(oom.device or "", None)  # the backend reads no such device
+    d = next((d for d in mine if oom.device is None or same_device(d.name, oom.device)), unread)
+    device = d.name or None
+    in_use = d.in_use_bytes if oom.in_use_bytes is None else oom.in_use_bytes
+    reported = oom.limit_bytes or d.limit_bytes  # the backend's own limit for the device
     limit = device_limit(oom.backend, device, gpus, reported, host_total)
     source = "the error message" if oom.limit_bytes else (limit.source if limit else None)
-    return Figures(
-        device,
-        oom.in_use_bytes if oom.in_use_bytes is not None else in_use,
-        peak,
-        limit.bytes if limit else None,
-        source,
-        rss if in_use is None and oom.in_use_bytes is None else None,
-    )
+    return Figures(device, in_use, d.peak_bytes, limit.bytes if limit else None, source,
+                   rss if in_use is None else None)  # fmt: skip
 
 
 def figures_now(oom: OomError) -> Figures:
@@ -168,17 +150,19 @@ def explain(
 
 def _allocator_line(f: Figures, label: str) -> str:
     """Return the allocator's figures in words, or why there are none."""
-    limit = f"limit {fmt_bytes(f.limit_bytes)}" if f.limit_bytes is not None else None
+    limit = _said("limit", f.limit_bytes)
     if limit and f.limit_source:
         limit += f" ({f.limit_source})"
-    figures = [f"in use {fmt_bytes(f.in_use_bytes)}" if f.in_use_bytes is not None else None,
-               f"peak {fmt_bytes(f.peak_bytes)}" if f.peak_bytes is not None else None,
-               limit]  # fmt: skip
+    figures = (_said("in use", f.in_use_bytes), _said("peak", f.peak_bytes), limit)
     if f.in_use_bytes is None and f.peak_bytes is None:
         none = f"no allocator figures ({label} keeps none on {f.device or 'this device'})"
-        rss = f"process RSS {fmt_bytes(f.rss_bytes)}" if f.rss_bytes is not None else None
-        return "; ".join(x for x in (none, rss, limit) if x)
+        return "; ".join(x for x in (none, _said("process RSS", f.rss_bytes), limit) if x)
     return ", ".join(x for x in figures if x)
+
+
+def _said(word: str, n: int | None) -> str | None:
+    """Return ``word`` and ``n`` bytes in words, or None for a figure not known."""
+    return None if n is None else f"{word} {fmt_bytes(n)}"
 
 
 def remedy(oom: OomError, f: Figures, models: Sequence[LiveModel], isolated: bool = False) -> str:
@@ -186,41 +170,29 @@ def remedy(oom: OomError, f: Figures, models: Sequence[LiveModel], isolated: boo
     stale = [m for m in models if m.freeable]
     wanted, limit, in_use = oom.wanted_bytes, f.limit_bytes, f.in_use_bytes
     if stale and not isolated:
-        freed = sum(m.size_bytes for m in stale)
-        return (
-            f"%%fresh_model on this cell (or kerasmagic.reset()) frees {fmt_bytes(freed)} held "
-            f"by {len(stale)} earlier model{'s' if len(stale) > 1 else ''}, then re-run it"
-        )
+        freed, s = fmt_bytes(sum(m.size_bytes for m in stale)), "s" if len(stale) > 1 else ""
+        return (f"%%fresh_model on this cell (or kerasmagic.reset()) frees {freed} held by "
+                f"{len(stale)} earlier model{s}, then re-run it")  # fmt: skip
     if wanted is not None and limit is not None and wanted > limit:
-        whole = "the host's RAM" if is_cpu(f.device) and f.limit_source == "host RAM" else (
-            "the whole device")  # fmt: skip
-        return (
-            f"this one allocation needs more than {whole} ({fmt_bytes(limit)}): make it "
-            "smaller (a smaller batch, layer or input)"
-        )
+        host = is_cpu(f.device) and f.limit_source == "host RAM"
+        whole = "the host's RAM" if host else "the whole device"
+        return (f"this one allocation needs more than {whole} ({fmt_bytes(limit)}): make it "
+                "smaller (a smaller batch, layer or input)")  # fmt: skip
     if isolated:
-        return (
-            "the isolated process started with nothing else on the device and still ran out: "
-            f"use a smaller batch or model ({FIND_BATCH}, in the isolated cell)"
-        )
-    if wanted is not None and limit is not None and in_use is not None and in_use + wanted < limit:
-        return (
-            f"{fmt_bytes(limit - in_use)} is free but in pieces smaller than this tensor (the "
-            "allocator keeps the regions it took): a smaller tensor fits; only a new process "
-            "(%%fresh_model --isolate, or a restart) joins them again"
-        )
-    if wanted is not None and limit is not None and in_use is not None and oom.shape:
-        free = max(0, limit - in_use)
-        batch = oom.shape[0]
-        fits = int(batch * free / wanted) if wanted else batch
+        return ("the isolated process started with nothing else on the device and still ran out: "
+                f"use a smaller batch or model ({FIND_BATCH}, in the isolated cell)")  # fmt: skip
+    if wanted is not None and limit is not None and in_use is not None:
+        free, batch = limit - in_use, oom.shape[0] if oom.shape else 0
+        fits = int(batch * free / wanted) if wanted else 0  # a negative free fits none
+        if in_use + wanted < limit:
+            return (f"{fmt_bytes(free)} is free but in pieces smaller than this tensor (the "
+                    "allocator keeps the regions it took): a smaller tensor fits; only a new "
+                    "process (%%fresh_model --isolate, or a restart) joins them again")  # fmt: skip
         if 0 < fits < batch:
-            return (
-                f"a tensor of {batch} rows did not fit in {fmt_bytes(free)} free: batch <= {fits}"
-            )
-    return (
-        "the memory is held by what you keep: del what you no longer need, then "
-        f"kerasmagic.reset(), or use a smaller batch ({FIND_BATCH})"
-    )
+            return (f"a tensor of {batch} rows did not fit in {fmt_bytes(free)} free: "
+                    f"batch <= {fits}")  # fmt: skip
+    return ("the memory is held by what you keep: del what you no longer need, then "
+            f"kerasmagic.reset(), or use a smaller batch ({FIND_BATCH})")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -233,24 +205,20 @@ class OomReport:
 
 def report(shell: Any, error: BaseException | None) -> OomReport | None:
     """Return the explanation of ``error`` if it is an out-of-memory error, else None."""
-    oom = find_oom(error)
-    if oom is None:
+    if (oom := find_oom(error)) is None:
         return None
-    outcome = getattr(error, "outcome", None)
-    if outcome is not None and getattr(outcome, "error_type", None) is not None:
+    outcome: Any = getattr(error, "outcome", None)
+    if getattr(outcome, "error_type", None) is not None:
         said = getattr(outcome, "oom", None)  # the child's figures, read as it failed
         figures = Figures.from_dict(said) if isinstance(said, dict) else Figures(oom.device)
-        text, facts = explain(oom, figures, (), isolated_pid=outcome.pid)
-        return OomReport(text, facts)
+        return OomReport(*explain(oom, figures, (), isolated_pid=outcome.pid))
     from kerasmagic.cleanup.holders import live_models
     from kerasmagic.snapshot import take_snapshot
 
-    ns = shell.user_ns
-    snap = take_snapshot(ns, light=True)
+    snap = take_snapshot(shell.user_ns, light=True)
     rss, total = snap.ram.rss_bytes, snap.ram.total_bytes
     figures = read_figures(oom, snap.backends, snap.gpu.devices, total, rss)
-    text, facts = explain(oom, figures, live_models(ns))
-    return OomReport(text, facts)
+    return OomReport(*explain(oom, figures, live_models(shell.user_ns)))
 
 
 class Explainer:
@@ -271,27 +239,20 @@ class Explainer:
         if self._last[0]() is result:
             return self._last[1]
         found = None
-        error = getattr(result, "error_in_exec", None)
-        if error is not None:
-            try:
-                found = report(self._shell, error)
-            except Exception:  # the user's traceback is already shown; ours must never add one
-                log.warning("kerasmagic: could not explain the out-of-memory error", exc_info=True)
-        try:
-            self._last = (weakref.ref(result), found)
-        except TypeError:  # a result that takes no weak reference: explained again if asked
-            self._last = (lambda: None, found)
+        try:  # no error: find_oom(None) is None
+            found = report(self._shell, getattr(result, "error_in_exec", None))
+        except Exception:  # the user's traceback is already shown; ours must never add one
+            log.warning("kerasmagic: could not explain the out-of-memory error", exc_info=True)
+        self._last = (weakref.ref(result), found)  # IPython's ExecutionResult takes one
         return found
 
     def facts(self, result: Any) -> OomFacts | None:
         """Return the record's facts of the cell whose ``result`` this is (None: no OOM)."""
-        found = self.explain(result)
-        return None if found is None else found.facts
+        return found.facts if (found := self.explain(result)) else None
 
     def after(self, result: Any) -> None:
         """Print the block after an out-of-memory error (``post_run_cell``)."""
-        found = self.explain(result)
-        if found is not None:
+        if (found := self.explain(result)) is not None:
             print(found.text)
 
 
