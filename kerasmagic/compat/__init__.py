@@ -8,12 +8,12 @@ nothing here imports a framework or touches NVML.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +24,11 @@ __all__ = ["check_now", "notes_at_load", "say_once", "too_old", "unwatch", "watc
 
 # (distribution, the module it imports as, the oldest version tested)
 FLOORS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
-    ("ipython", "IPython", (7, 34)),
-    ("ipykernel", "ipykernel", (6, 17)),
-    ("ipywidgets", "ipywidgets", (7, 7, 1)),
-    ("traitlets", "traitlets", (5, 7, 1)),
-    ("jupyter_client", "jupyter_client", (7, 4)),
-    ("psutil", "psutil", (5, 9, 5)),
-    ("tensorflow", "tensorflow", (2, 16)),
-    ("keras", "keras", (3, 3)),
-)
+    ("ipython", "IPython", (7, 34)), ("ipykernel", "ipykernel", (6, 17)),
+    ("ipywidgets", "ipywidgets", (7, 7, 1)), ("traitlets", "traitlets", (5, 7, 1)),
+    ("jupyter_client", "jupyter_client", (7, 4)), ("psutil", "psutil", (5, 9, 5)),
+    ("tensorflow", "tensorflow", (2, 16)), ("keras", "keras", (3, 3)),
+)  # fmt: skip
 ONCE_IMPORTED = frozenset({"tensorflow", "keras"})  # checked once imported, never imported here
 
 
@@ -47,11 +43,10 @@ class TooOld:
     @property
     def line(self) -> str:
         """Return the one line ``%load_ext`` prints for it."""
-        floor = ".".join(map(str, self.floor))
+        name, floor = self.distribution, ".".join(map(str, self.floor))
         return (
-            f"kerasmagic: {self.distribution} {self.found} is older than {floor}, the oldest "
-            f"kerasmagic is tested with; some parts may fail: pip install '{self.distribution}"
-            f">={floor}'"
+            f"kerasmagic: {name} {self.found} is older than {floor}, the oldest kerasmagic is "
+            f"tested with; some parts may fail: pip install '{name}>={floor}'"
         )
 
 
@@ -66,14 +61,12 @@ def too_old(
 ) -> list[TooOld]:
     """Return the Jupyter-side libraries older than their floor; with ``frameworks``, the
     imported TensorFlow and Keras too (a framework not imported is not looked at)."""
-    found = []
-    for distribution, module, floor in FLOORS:
-        if distribution in ONCE_IMPORTED and (not frameworks or module not in sys.modules):
-            continue
-        version = version_of(distribution, module)
-        if version is not None and parse(version) < floor:
-            found.append(TooOld(distribution, version, floor))
-    return found
+    return [
+        TooOld(distribution, version, floor)
+        for distribution, module, floor in FLOORS
+        if distribution not in ONCE_IMPORTED or (frameworks and module in sys.modules)
+        if (version := version_of(distribution, module)) is not None and parse(version) < floor
+    ]
 
 
 HOSTED = ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE")  # set in Colab's and Kaggle's VMs
@@ -107,10 +100,8 @@ def sidebar_installed(paths: list[str] | None = None) -> bool:
 def missing_sidebar(shell: Any, paths: list[str] | None = None) -> str | None:
     """Return the line for a kernel a JupyterLab could show the sidebar in, if the sidebar is
     on none of ``paths`` (default: Jupyter's labextension folders)."""
-    if getattr(shell, "kernel", None) is None or hosted():
-        return None  # no frontend, or Colab's or Kaggle's (no JupyterLab there)
-    if importlib.util.find_spec("jupyterlab") is None:
-        return None
+    if getattr(shell, "kernel", None) is None or hosted() or find_spec("jupyterlab") is None:
+        return None  # no frontend, Colab's or Kaggle's (no JupyterLab there), or no JupyterLab
     paths = extension_paths() if paths is None else paths
     return None if not paths or sidebar_installed(paths) else LINE
 
@@ -121,8 +112,7 @@ _watching: list[Any] = []  # the post-import hook, while some shell has the exte
 
 def notes_at_load(shell: Any) -> list[str]:
     """Return the lines ``%load_ext`` says about this environment."""
-    sidebar = missing_sidebar(shell)
-    return _found(shell) + ([sidebar] if sidebar is not None else [])
+    return _found(shell) + [line for line in (missing_sidebar(shell),) if line is not None]
 
 
 def _found(shell: Any, finished: frozenset[str] = frozenset()) -> list[str]:
@@ -144,9 +134,7 @@ def watch() -> None:
     if not _watching:
         from kerasmagic.imports import AfterImport
 
-        hook = AfterImport(
-            FRAMEWORKS, lambda name: check_now(finished=frozenset({name})), named=True
-        )
+        hook = AfterImport(FRAMEWORKS, lambda n: check_now(finished=frozenset({n})), named=True)
         hook.install()
         _watching.append(hook)
 

@@ -9,8 +9,10 @@ import ctypes
 import functools
 import inspect
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+Probe = Callable[[Any], str | None]  # given the shell (or None): None, or what differs
 
 
 def module(name: str) -> Any:
@@ -21,27 +23,38 @@ def module(name: str) -> Any:
 def uses(function: Any, *names: str) -> str | None:
     """Return None if ``function``'s code (unwrapped) names every one of ``names``."""
     code = getattr(inspect.unwrap(function), "__code__", None)
-    found = set(code.co_names) if code is not None else set()
-    missing = [n for n in names if n not in found]
-    return None if not missing else f"no longer uses {', '.join(missing)}"
+    missing = [n for n in names if n not in getattr(code, "co_names", ())]
+    return f"no longer uses {', '.join(missing)}" if missing else None
 
 
 def has(obj: Any, path: str, *names: str, call: bool = False) -> str | None:
     """Return None if ``obj`` has every attribute in ``names`` (callable, with ``call``)."""
     for name in names:
-        value = getattr(obj, name, None)
-        if value is None or (call and not callable(value)):
+        if (value := getattr(obj, name, None)) is None or (call and not callable(value)):
             return f"moved {path}.{name}"
     return None
 
 
 def params(function: Any, path: str, *names: str) -> str | None:
+    """Return None if ``function`` takes every argument in ``names``."""
     try:
         found = set(inspect.signature(function).parameters)
     except (TypeError, ValueError):
         return f"changed {path}'s signature"
     missing = [n for n in names if n not in found]
-    return None if not missing else f"changed {path}'s arguments (no {', '.join(missing)})"
+    return f"changed {path}'s arguments (no {', '.join(missing)})" if missing else None
+
+
+def exposes(where: str | tuple[str, str], path: str, *names: str, call: bool = True) -> Probe:
+    """Return a probe that the module ``where`` (or its attribute: ``(module, attribute)``) has
+    every attribute in ``names``, callable unless not ``call`` (said as ``path``.name)."""
+    name, attribute = (where, "") if isinstance(where, str) else where
+
+    def probe(_: Any) -> str | None:
+        found = getattr(module(name), attribute, None) if attribute else module(name)
+        return has(found, path, *names, call=call)
+
+    return probe
 
 
 OPS = "tensorflow.python.framework.ops"
@@ -50,6 +63,7 @@ FUNCTION = "tensorflow.python.eager.polymorphic_function.polymorphic_function"
 CACHE = "tensorflow.core.function.polymorphism.function_cache"
 STACK = "tensorflow.python.util.tf_stack"
 STATE = "keras.src.backend.common.global_state"
+PXLA = "jax._src.interpreters.pxla"
 
 
 # -- TensorFlow --------------------------------------------------------------------------------
@@ -57,31 +71,28 @@ def gradient_registry(_: Any) -> str | None:
     registry = getattr(getattr(module(OPS), "gradient_registry", None), "_registry", None)
     if not isinstance(registry, dict):
         return "moved ops.gradient_registry._registry"
-    if any(type(key) is not str for key in list(registry)):
-        return "keys ops.gradient_registry._registry by something else than names"
-    return None
+    named = all(type(key) is str for key in list(registry))
+    return None if named else "keys ops.gradient_registry._registry by something else than names"
 
 
 def graph_class(_: Any) -> str | None:
     graph = getattr(module(OPS), "Graph", None)
-    if not isinstance(graph, type) or "__slots__" in vars(graph):
-        return "changed ops.Graph (no attributes of its own)"
-    return None
+    own = isinstance(graph, type) and "__slots__" not in vars(graph)
+    return None if own else "changed ops.Graph (no attributes of its own)"
 
 
 def context(_: Any) -> str | None:
     context = module(CONTEXT).context()
     found = has(context, "context()", "list_function_names", "list_logical_devices")
-    if found is None and not hasattr(context, "_context_handle"):
-        return "moved context()._context_handle"
-    return found
+    handle = hasattr(context, "_context_handle")
+    return found or (None if handle else "moved context()._context_handle")
 
 
 def op_seeds(_: Any) -> str | None:
     generator = getattr(module(CONTEXT).context(), "_rng", None)
-    if generator is None or callable(getattr(generator, "getstate", None)):
-        return None  # None until tf.random.set_seed: nothing to put back
-    return "moved context()._rng"
+    # None until tf.random.set_seed: nothing to put back
+    ok = generator is None or callable(getattr(generator, "getstate", None))
+    return None if ok else "moved context()._rng"
 
 
 def modes(_: Any) -> str | None:
@@ -109,8 +120,7 @@ def traces(_: Any) -> str | None:
 
 
 def first_call(_: Any) -> str | None:
-    function = module(FUNCTION).Function
-    code = inspect.unwrap(function._initialize).__code__
+    code = inspect.unwrap(module(FUNCTION).Function._initialize).__code__
     return None if "add_initializers_to" in code.co_cellvars else "moved add_initializers_to"
 
 
@@ -123,15 +133,12 @@ def stack(_: Any) -> str | None:
     )
 
 
-def debug_info(_: Any) -> str | None:
-    """The bytes themselves are checked where they are made (``stack.install``)."""
-    native = getattr(module(STACK), "_tf_stack", None)
-    return has(native, "_tf_stack", "LoadTracesFromDebugInfo", call=True)
+# The bytes themselves are checked where they are made (``stack.install``).
+debug_info = exposes((STACK, "_tf_stack"), "_tf_stack", "LoadTracesFromDebugInfo")
 
 
 def traced_graphs(_: Any) -> str | None:
-    function = module(FUNCTION).Function
-    return has(function, "Function", "_list_all_concrete_functions", call=True)
+    return has(module(FUNCTION).Function, "Function", "_list_all_concrete_functions", call=True)
 
 
 # -- Keras 3 -----------------------------------------------------------------------------------
@@ -143,23 +150,20 @@ def global_state(_: Any) -> str | None:
 
 def name_uids(_: Any) -> str | None:
     uids = module(STATE).get_global_attribute("object_name_uids")
-    if uids is None or isinstance(uids, Mapping):
-        return None
-    return "keeps object_name_uids as something else than a mapping"
+    ok = uids is None or isinstance(uids, Mapping)
+    return None if ok else "keeps object_name_uids as something else than a mapping"
 
 
 def flatten(_: Any) -> str | None:
-    layer = getattr(module("keras.src.layers.layer"), "Layer", None)
-    flatten = getattr(layer, "_flatten_layers", None)
-    if flatten is None:
-        return "moved Layer._flatten_layers"
-    return params(flatten, "Layer._flatten_layers", "include_self", "recursive")
+    layer: Any = getattr(module("keras.src.layers.layer"), "Layer", None)
+    if found := has(layer, "Layer", "_flatten_layers"):
+        return found
+    return params(layer._flatten_layers, "Layer._flatten_layers", "include_self", "recursive")
 
 
 def outbound(_: Any) -> str | None:
     operation = module("keras.src.ops.operation").Operation
-    node = getattr(sys.modules.get("keras.src.ops.node"), "Node", None)
-    if node is None:
+    if (node := getattr(sys.modules.get("keras.src.ops.node"), "Node", None)) is None:
         return "moved ops.node.Node"
     found = uses(operation.__init__, "_outbound_nodes", "_inbound_nodes")
     return found or uses(node.__init__, "operation")
@@ -175,8 +179,7 @@ def history(_: Any) -> str | None:
 
 def callback(_: Any) -> str | None:
     callback = module("keras.src.callbacks.callback").Callback()
-    marker = object()
-    callback.set_model(marker)
+    callback.set_model(marker := object())
     return None if vars(callback).get("_model") is marker else "moved Callback._model"
 
 
@@ -187,13 +190,11 @@ def optimizer_build(_: Any) -> str | None:
 
 def variables(_: Any) -> str | None:
     variables = module("keras.src.backend.common.variables")
-    if any(isinstance(getattr(variables, n, None), type) for n in ("Variable", "KerasVariable")):
-        return None
-    return "moved backend.common.variables.Variable"
+    ok = any(isinstance(getattr(variables, n, None), type) for n in ("Variable", "KerasVariable"))
+    return None if ok else "moved backend.common.variables.Variable"
 
 
-def backend_name(_: Any) -> str | None:
-    return has(module("keras.src.backend.config"), "backend.config", "backend", call=True)
+backend_name = exposes("keras.src.backend.config", "backend.config", "backend")
 
 
 def sequential(_: Any) -> str | None:
@@ -226,17 +227,9 @@ def tf_keras_build(_: Any) -> str | None:
 
 
 # -- JAX and PyTorch ---------------------------------------------------------------------------
-def jax_started(_: Any) -> str | None:
-    return has(module("jax._src.xla_bridge"), "xla_bridge", "backends_are_initialized")
-
-
-def jax_compiled(_: Any) -> str | None:
-    cached = getattr(module("jax._src.interpreters.pxla"), "_cached_compilation", None)
-    return has(cached, "pxla._cached_compilation", "cache_info", call=True)
-
-
-def dynamo(_: Any) -> str | None:
-    return has(module("torch._dynamo"), "torch._dynamo", "reset", call=True)
+jax_started = exposes("jax._src.xla_bridge", "xla_bridge", "backends_are_initialized", call=False)
+jax_compiled = exposes((PXLA, "_cached_compilation"), "pxla._cached_compilation", "cache_info")
+dynamo = exposes("torch._dynamo", "torch._dynamo", "reset")
 
 
 # -- IPython and ipykernel (probed against the shell kerasmagic loads into) --------------------
@@ -247,10 +240,8 @@ def compiler(shell: Any) -> str | None:
 def cell_names(shell: Any) -> str | None:
     """IPython 8 names a cell ``Cell In[N]`` through this map; IPython 7 writes N into the
     file name itself and has none."""
-    if isinstance(getattr(shell.compile, "_filename_map", None), dict):
-        return None
-    old = module("IPython").version_info < (8,)
-    return None if old else "moved compile._filename_map"
+    ok = isinstance(getattr(shell.compile, "_filename_map", None), dict)
+    return None if ok or module("IPython").version_info < (8,) else "moved compile._filename_map"
 
 
 def render_hook(shell: Any) -> str | None:
@@ -271,24 +262,20 @@ def traceback(shell: Any) -> str | None:
 
 def events(shell: Any) -> str | None:
     callbacks = getattr(shell.events, "callbacks", None)
-    if isinstance(callbacks, dict) and isinstance(callbacks.get("post_execute"), list):
-        return None
-    return "moved events.callbacks"
+    ok = isinstance(callbacks, dict) and isinstance(callbacks.get("post_execute"), list)
+    return None if ok else "moved events.callbacks"
 
 
 def magics(shell: Any) -> str | None:
     manager = shell.magics_manager
-    ok = isinstance(getattr(manager, "magics", None), dict) and isinstance(
-        getattr(manager, "registry", None), dict
-    )
+    ok = all(isinstance(getattr(manager, n, None), dict) for n in ("magics", "registry"))
     return None if ok else "moved magics_manager.magics or .registry"
 
 
 def output_cache(shell: Any) -> str | None:
-    hook = shell.displayhook
-    if all(hasattr(hook, n) for n in ("_", "__", "___")) and isinstance(shell.user_ns_hidden, dict):
-        return None
-    return "moved displayhook._, __, ___ or user_ns_hidden"
+    copies = all(hasattr(shell.displayhook, n) for n in ("_", "__", "___"))
+    ok = copies and isinstance(shell.user_ns_hidden, dict)
+    return None if ok else "moved displayhook._, __, ___ or user_ns_hidden"
 
 
 def transformers(shell: Any) -> str | None:
@@ -297,42 +284,35 @@ def transformers(shell: Any) -> str | None:
 
 
 def shell_parent(shell: Any) -> str | None:
-    kernel = getattr(shell, "kernel", None)
-    if kernel is None or not hasattr(kernel, "shell_channel_thread"):
+    if not hasattr(getattr(shell, "kernel", None), "shell_channel_thread"):
         return None  # no kernel, or one without subshells (ipykernel 6): nothing to keep apart
-    parent = getattr(kernel, "_shell_parent", None)
+    parent = getattr(shell.kernel, "_shell_parent", None)
     return None if isinstance(parent, contextvars.ContextVar) else "moved Kernel._shell_parent"
 
 
 def handler_hooks(shell: Any) -> str | None:
-    kernel = getattr(shell, "kernel", None)
-    if kernel is None:
+    if getattr(shell, "kernel", None) is None:
         return None
     base = module("ipykernel.kernelbase").Kernel
     return has(base, "Kernel", "pre_handler_hook", "post_handler_hook", call=True)
 
 
 def io_loop(shell: Any) -> str | None:
-    kernel = getattr(shell, "kernel", None)
-    if kernel is None:
+    if (kernel := getattr(shell, "kernel", None)) is None:
         return None
-    return has(
-        getattr(kernel, "io_loop", None), "kernel.io_loop", "add_callback", "call_later", call=True
-    )
+    loop = getattr(kernel, "io_loop", None)
+    return has(loop, "kernel.io_loop", "add_callback", "call_later", call=True)
 
 
 def comm_manager(shell: Any) -> str | None:
-    manager = find_comm_manager(shell)
-    if manager is None:
+    if (manager := find_comm_manager(shell)) is None:
         return None  # no kernel and no comm package: no frontend to open a sidebar
     if not isinstance(getattr(manager, "targets", None), dict):
         return "moved .targets"
     return has(manager, "comm manager", "register_target", "unregister_target", call=True)
 
 
-def widget_messages(_: Any) -> str | None:
-    widget = getattr(module("ipywidgets.widgets.widget"), "Widget", None)
-    return has(widget, "Widget", "_handle_msg", call=True)
+widget_messages = exposes(("ipywidgets.widgets.widget", "Widget"), "Widget", "_handle_msg")
 
 
 # -- CPython and glibc -------------------------------------------------------------------------
@@ -341,17 +321,10 @@ def mallopt(_: Any) -> str | None:
     return None if libc is None or hasattr(libc, "mallopt") else "has no mallopt (not glibc)"
 
 
-def bytecode(_: Any) -> str | None:
-    """The opcodes themselves are checked by version where they are read (``interrupts``)."""
-    return has(module("dis"), "dis", "_parse_exception_table", "get_instructions", call=True)
-
-
-def frames(_: Any) -> str | None:
-    return has(sys, "sys", "_getframe", call=True)
-
-
-def signal_module(_: Any) -> str | None:
-    return has(module("_signal"), "_signal", "signal", "default_int_handler", call=True)
+# The opcodes themselves are checked by version where they are read (``interrupts``).
+bytecode = exposes("dis", "dis", "_parse_exception_table", "get_instructions")
+frames = exposes("sys", "sys", "_getframe")
+signal_module = exposes("_signal", "_signal", "signal", "default_int_handler")
 
 
 def module_spec(_: Any) -> str | None:
@@ -359,18 +332,15 @@ def module_spec(_: Any) -> str | None:
     return uses(getattr(bootstrap, "_load_unlocked", None), "_initializing")
 
 
-def referrers(_: Any) -> str | None:
-    return has(module("gc"), "gc", "get_referrers", "get_objects", call=True)
+referrers = exposes("gc", "gc", "get_referrers", "get_objects")
 
 
 # -- the registry's accessors of what the probes above check -----------------------------------
 @functools.cache
 def find_libc() -> ctypes.CDLL | None:
     """Return the C library this process runs on (Linux), once (reach ``glibc.mallopt``)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None)  # the process's own symbols: libc's malloc is among them
+    try:  # the process's own symbols: libc's malloc is among them
+        return ctypes.CDLL(None) if sys.platform.startswith("linux") else None
     except OSError:
         return None
 
@@ -384,8 +354,7 @@ def find_comm_manager(shell: Any) -> Any | None:
     manager is a stand-in that no frontend message ever reaches. So the kernel's own manager
     comes first; the ``comm`` package's serves a shell without a kernel (tests, a terminal).
     """
-    manager = getattr(getattr(shell, "kernel", None), "comm_manager", None)
-    if manager is not None:
+    if (manager := getattr(getattr(shell, "kernel", None), "comm_manager", None)) is not None:
         return manager
     try:
         import comm

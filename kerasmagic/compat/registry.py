@@ -16,7 +16,6 @@ import logging
 import platform
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -31,16 +30,14 @@ _said: set[str] = set()  # each line once per process, however often the extensi
 def say_once(lines: list[str], exc_info: bool = False) -> None:
     """Say each line not said before in this process, one warning each (``exc_info``: with the
     traceback of the exception being handled)."""
-    for line in lines:
-        if line not in _said:
-            _said.add(line)
-            log.warning(line, exc_info=exc_info or None)
+    for line in (x for x in lines if x not in _said):  # lazily: a repeat is said once
+        _said.add(line)
+        log.warning(line, exc_info=exc_info or None)
 
 
 def installed(distribution: str, module: str) -> str | None:
     """Return the version of ``module`` if imported, else of the installed distribution."""
-    loaded = getattr(sys.modules.get(module), "__version__", None)
-    if isinstance(loaded, str):
+    if isinstance(loaded := getattr(sys.modules.get(module), "__version__", None), str):
         return loaded
     try:
         return metadata.version(distribution)
@@ -50,17 +47,12 @@ def installed(distribution: str, module: str) -> str | None:
 
 # A reach's name prefix -> the distribution whose version is named, and the versions CI checks.
 LIBRARIES = {
-    "tf": ("tensorflow", "tensorflow 2.16-2.21"),
-    "keras": ("keras", "keras 3.3-3.15"),
-    "tf_keras": ("tf-keras", "tf-keras 2.21"),
-    "jax": ("jax", "jax 0.4.30-0.10"),
-    "torch": ("torch", "torch 2.4-2.13"),
-    "ipython": ("ipython", "IPython 7.34-9.x"),
-    "ipykernel": ("ipykernel", "ipykernel 6.17-7.x"),
-    "ipywidgets": ("ipywidgets", "ipywidgets 7.7.1-8.1"),
-    "glibc": ("glibc", "glibc 2.36"),
-    "cpython": ("cpython", "CPython 3.11-3.13"),
-}
+    "tf": ("tensorflow", "tensorflow 2.16-2.21"), "tf_keras": ("tf-keras", "tf-keras 2.21"),
+    "keras": ("keras", "keras 3.3-3.15"), "jax": ("jax", "jax 0.4.30-0.10"),
+    "torch": ("torch", "torch 2.4-2.13"), "cpython": ("cpython", "CPython 3.11-3.13"),
+    "ipython": ("ipython", "IPython 7.34-9.x"), "ipykernel": ("ipykernel", "ipykernel 6.17-7.x"),
+    "ipywidgets": ("ipywidgets", "ipywidgets 7.7.1-8.1"), "glibc": ("glibc", "glibc 2.36"),
+}  # fmt: skip
 SHELL_LIBRARIES = ("ipython", "ipykernel")  # probed against a shell, never without one
 
 
@@ -74,7 +66,7 @@ class Reach:
     access: str  # "read" or "write"
     feature: str  # what kerasmagic does with it
     consequence: str  # the line's first words when it is off
-    probe: Callable[[Any], str | None]  # given the shell (or None): None, or what differs
+    probe: p.Probe  # given the shell (or None): None, or what differs
 
     @property
     def library(self) -> str:
@@ -107,10 +99,8 @@ class Off:
     def line(self) -> str:
         """Return the one line said when it is found."""
         reach, version = self.reach, self.version or "(version unknown)"
-        return (
-            f"kerasmagic: {reach.consequence}: {reach.library} {version} {self.found} "
-            f"(checked on {reach.verified})"
-        )
+        said = f"kerasmagic: {reach.consequence}: {reach.library} {version} {self.found}"
+        return f"{said} (checked on {reach.verified})"
 
     def to_dict(self) -> dict[str, Any]:
         """Return what ``%gpu_mem --json`` lists for it."""
@@ -142,7 +132,8 @@ def loaded(module: str, finished: frozenset[str] = frozenset()) -> Any | None:
     """
     for name in (module.partition(".")[0], module):
         found = sys.modules.get(name)
-        if found is None or (name not in finished and _importing(found)):
+        spec = None if name in finished else getattr(found, "__spec__", None)
+        if found is None or getattr(spec, "_initializing", False) is True:  # cpython.module_spec
             return None
     return found
 
@@ -152,21 +143,13 @@ def ready(module: str, finished: frozenset[str] = frozenset()) -> bool:
     return loaded(module, finished) is not None
 
 
-def _importing(module: Any) -> bool:
-    """Return whether ``module``'s code is still running (reach ``cpython.module_spec``)."""
-    spec = getattr(module, "__spec__", None)
-    return spec is not None and getattr(spec, "_initializing", False) is True
-
-
 def _record(reach: Reach, shell: Any) -> Off | None:
     """Probe ``reach`` and keep the finding; return it if it is off and new."""
     found = probe(reach, shell)
     with _lock:
-        before = _results.get(reach.name)
-        _results[reach.name] = found
-    if found is None or (before is not None and before.found == found.found):
-        return None
-    return found
+        before, _results[reach.name] = _results.get(reach.name), found
+    new = found is not None and (before is None or before.found != found.found)
+    return found if new else None
 
 
 def check(
@@ -174,16 +157,9 @@ def check(
 ) -> list[Off]:
     """Probe every reach whose module is imported and not probed yet (``again``: all of them);
     return the newly found ones that are off."""
-    new: list[Off] = []
-    for reach in REACHES:
-        if not ready(reach.module, finished) or (reach.name in _results and not again):
-            continue
-        if reach.library in SHELL_LIBRARIES and shell is None:
-            continue  # probed against a shell, at %load_ext
-        found = _record(reach, shell)
-        if found is not None:
-            new.append(found)
-    return new
+    due = [r for r in REACHES if (again or r.name not in _results) and ready(r.module, finished)]
+    due = [r for r in due if shell is not None or r.library not in SHELL_LIBRARIES]  # %load_ext
+    return [found for r in due if (found := _record(r, shell)) is not None]
 
 
 def works(name: str, shell: Any = None) -> bool:
@@ -191,9 +167,7 @@ def works(name: str, shell: Any = None) -> bool:
     the running one, if its module was imported since the last check; said once when it does
     not). An IPython or ipykernel reach with no shell to probe is not probed yet."""
     if name not in _results:
-        reach = _BY_NAME.get(name)
-        if reach is None:
-            raise KeyError(f"kerasmagic names no reach {name!r}")
+        reach = _BY_NAME[name]  # KeyError: every caller names a reach of REACHES
         if shell is None and (ipython := sys.modules.get("IPython")) is not None:
             shell = ipython.get_ipython()
         if reach.library in SHELL_LIBRARIES and shell is None:
@@ -206,9 +180,8 @@ def works(name: str, shell: Any = None) -> bool:
 def broken(name: str, found: str) -> None:
     """Record that kerasmagic found the reach ``name`` not as expected while using it (a
     structure a probe cannot see without a live object); say it once; its feature is off."""
-    reach = _BY_NAME[name]
     if _results.get(name) is None:
-        _results[name] = off = Off(reach, reach.version(), found)
+        _results[name] = off = Off(reach := _BY_NAME[name], reach.version(), found)
         say_once([off.line])
 
 
@@ -222,18 +195,21 @@ def forget() -> None:
     _results.clear()
 
 
-_FRESH = "%%fresh_model"
+_FRESH = "%%fresh_model"  # the table's repeated words and modules
+_GRAPHS = f"fitted models' training graphs stay in TensorFlow's memory after {_FRESH}"
+_STACKS = "op stack traces are TensorFlow's own (each re-run of a cell that fits keeps ~0.5 MB)"
+_HEADS = "dropped heads stay linked to kept base models (their weights stay)"
+_KERNEL = "ipykernel.kernelbase"
+_SHELL = "IPython.core.interactiveshell"
+_SWALLOWED = "a Ctrl-C a library swallows is left to Python"
 # fmt: off
 # Reach(name, module, structure, access, feature, consequence when off, probe)
 REACHES: tuple[Reach, ...] = (
     Reach("tf.gradient_registry", OPS, "ops.gradient_registry._registry", "write",
-        "releases fitted models' training graphs (the gradient-registry purge)",
-        f"fitted models' training graphs stay in TensorFlow's memory after {_FRESH}",
+        "releases fitted models' training graphs (the gradient-registry purge)", _GRAPHS,
         p.gradient_registry),
     Reach("tf.graph_attributes", OPS, "attributes set on ops.Graph objects", "write",
-        "parks a graph's registry entries while it collects",
-        f"fitted models' training graphs stay in TensorFlow's memory after {_FRESH}",
-        p.graph_class),
+        "parks a graph's registry entries while it collects", _GRAPHS, p.graph_class),
     Reach("tf.context", CONTEXT, "context()._context_handle, list_function_names", "read",
         "reads TensorFlow's allocator figures and its function count",
         "TensorFlow's allocator figures are not shown", p.context),
@@ -253,13 +229,9 @@ REACHES: tuple[Reach, ...] = (
         "a tf.function that built its optimizer keeps that optimizer's first model", p.first_call),
     Reach("tf.stack_capture", STACK,
         "tf_stack.extract_stack (replaced), _source_mapper_stacks, _tf_stack", "write",
-        "records op stack traces as strings",
-        "op stack traces are TensorFlow's own (each re-run of a cell that fits keeps ~0.5 MB)",
-        p.stack),
+        "records op stack traces as strings", _STACKS, p.stack),
     Reach("tf.debug_info", STACK, "GraphDebugInfo bytes read by _tf_stack.LoadTracesFromDebugInfo",
-        "write", "records op stack traces as strings",
-        "op stack traces are TensorFlow's own (each re-run of a cell that fits keeps ~0.5 MB)",
-        p.debug_info),
+        "write", "records op stack traces as strings", _STACKS, p.debug_info),
     Reach("tf.traced_graphs", FUNCTION, "Function._list_all_concrete_functions", "read",
         "counts the ops a model's traced functions hold (%gpu_mem --deep)",
         "traced ops show as unknown in %gpu_mem --deep", p.traced_graphs),
@@ -276,8 +248,7 @@ REACHES: tuple[Reach, ...] = (
         p.flatten),
     Reach("keras.outbound_nodes", "keras.src.ops.operation",
         "Operation._outbound_nodes, Node.operation", "write",
-        "unlinks dropped heads from the graphs of kept base models",
-        "dropped heads stay linked to kept base models (their weights stay)", p.outbound),
+        "unlinks dropped heads from the graphs of kept base models", _HEADS, p.outbound),
     Reach("keras.keras_history", "keras.src.ops.node", "KerasTensor._keras_history", "read",
         "keeps the symbolic tensors of kept models",
         f"{_FRESH} cannot tell which symbolic tensors kept models use", p.history),
@@ -301,7 +272,7 @@ REACHES: tuple[Reach, ...] = (
         p.tf_keras_uids),
     Reach("tf_keras.outbound_nodes", "tf_keras.src.engine.base_layer",
         "Layer._outbound_nodes_value", "write", "unlinks dropped heads from kept base models",
-        "dropped heads stay linked to kept base models (their weights stay)", p.tf_keras_outbound),
+        _HEADS, p.tf_keras_outbound),
     Reach("tf_keras.optimizer_build", "tf_keras.src.optimizers.optimizer",
         "_BaseOptimizer.build (wrapped)", "write", "frees between the models of one loop",
         "a loop in one cell keeps every model it trains", p.tf_keras_build),
@@ -318,12 +289,11 @@ REACHES: tuple[Reach, ...] = (
     Reach("ipython.cell_names", "IPython.core.compilerop", "compile._filename_map", "write",
         "names a re-run %%fresh_model cell's code In[N] in tracebacks",
         f"a re-run {_FRESH} cell's traceback names the In[N] of its first run", p.cell_names),
-    Reach("ipython.render_hook", "IPython.core.interactiveshell",
-        "showtraceback's call of _render_traceback_", "read",
+    Reach("ipython.render_hook", _SHELL, "showtraceback's call of _render_traceback_", "read",
         "shows a %%fresh_model cell's error from the cell's own line",
         "a %%fresh_model cell's error shows IPython's and kerasmagic's frames", p.render_hook),
-    Reach("ipython.run_code", "IPython.core.interactiveshell", "InteractiveShell.run_code's code",
-        "read", "finds where a cell starts in a stack",
+    Reach("ipython.run_code", _SHELL, "InteractiveShell.run_code's code", "read",
+        "finds where a cell starts in a stack",
         "stored tracebacks and op stack traces reach above the cell", p.run_code),
     Reach("ipython.traceback", "IPython.core.ultratb",
         "InteractiveTB.structured_traceback (and .tb, once set)", "write",
@@ -337,23 +307,20 @@ REACHES: tuple[Reach, ...] = (
     Reach("ipython.output_cache", "IPython.core.displayhook",
         "displayhook._, __, ___, user_ns_hidden", "write", "drops models held by Out[] and _",
         "models shown as a cell's value stay alive", p.output_cache),
-    Reach("ipython.transformers", "IPython.core.interactiveshell",
-        "input_transformers_cleanup, ast_transformers", "write",
+    Reach("ipython.transformers", _SHELL, "input_transformers_cleanup, ast_transformers", "write",
         "refuses a cell that does not compile; awaits at top level",
         f"{_FRESH} cells are checked only when they run", p.transformers),
-    Reach("ipykernel.shell_parent", "ipykernel.kernelbase", "Kernel._shell_parent", "write",
+    Reach("ipykernel.shell_parent", _KERNEL, "Kernel._shell_parent", "write",
         "answers the sidebar while a cell runs", "sidebar requests wait for the running cell",
         p.shell_parent),
-    Reach("ipykernel.handler_hooks", "ipykernel.kernelbase",
-        "Kernel.pre_handler_hook, post_handler_hook", "write",
+    Reach("ipykernel.handler_hooks", _KERNEL, "Kernel.pre_handler_hook, post_handler_hook", "write",
         "holds a Ctrl-C that lands in the kernel's code around a cell",
         "a Ctrl-C just before or after a cell is left to ipykernel", p.handler_hooks),
-    Reach("ipykernel.io_loop", "ipykernel.kernelbase", "kernel.io_loop", "read",
+    Reach("ipykernel.io_loop", _KERNEL, "kernel.io_loop", "read",
         "runs the sidebar's Free memory and Scan between cells",
         "the sidebar's Free memory and Scan are off", p.io_loop),
-    Reach("ipykernel.comm_manager", "ipykernel.kernelbase",
-        "the comm manager's register_target and targets", "write", "opens the sidebar",
-        "the sidebar cannot connect", p.comm_manager),
+    Reach("ipykernel.comm_manager", _KERNEL, "the comm manager's register_target and targets",
+        "write", "opens the sidebar", "the sidebar cannot connect", p.comm_manager),
     Reach("ipywidgets.handle_msg", "ipywidgets.widgets.widget", "Widget._handle_msg (overridden)",
         "write", "drops a malformed frontend message quietly",
         "a malformed widget message prints a traceback", p.widget_messages),
@@ -362,11 +329,9 @@ REACHES: tuple[Reach, ...] = (
         "keeps big freed blocks off the heap, so RSS falls when memory is freed",
         "RSS may stay up after memory is freed", p.mallopt),
     Reach("cpython.bytecode", "dis", "opcodes, exception tables, tracing", "read",
-        "raises again a Ctrl-C a library swallowed or a callback lost",
-        "a Ctrl-C a library swallows is left to Python", p.bytecode),
+        "raises again a Ctrl-C a library swallowed or a callback lost", _SWALLOWED, p.bytecode),
     Reach("cpython.frames", "sys", "sys._getframe", "read",
-        "finds the frames of the running cell and of kerasmagic's own code",
-        "a Ctrl-C a library swallows is left to Python", p.frames),
+        "finds the frames of the running cell and of kerasmagic's own code", _SWALLOWED, p.frames),
     Reach("cpython.signal", "_signal", "the _signal module's signal()", "write",
         "holds a Ctrl-C while kerasmagic works, without Python's signal wrappers",
         "a Ctrl-C during kerasmagic's cleanup is not held", p.signal_module),
@@ -384,32 +349,24 @@ _BY_NAME: dict[str, Reach] = {reach.name: reach for reach in REACHES}
 # Each reach -> the private names of other libraries the code uses for its feature (inverted into
 # PRIVATE_NAMES; tests/test_registry.py parses the package and fails on a name not listed here).
 _NAMES = {
-    "tf.gradient_registry": "_registry",
-    "tf.context": "_context_handle",
-    "tf.modes": "_default_graph_stack _thread_local_data",
-    "tf.op_seeds": "_rng",
+    "tf.gradient_registry": "_registry", "tf.context": "_context_handle",
+    "tf.modes": "_default_graph_stack _thread_local_data", "tf.op_seeds": "_rng",
     "tf.function_traces": "_concrete_variable_creation_fn _created_variables _dispatch_dict "
     "_function_cache _no_variable_creation_config _primary _variable_creation_config "
     "_weak_variables",
     "tf.first_call_initializers": "_initialize",
     "tf.stack_capture": "_create_c_op _source_filter_stacks _source_mapper_stacks _tf_stack",
-    "tf.traced_graphs": "_functions _list_all_concrete_functions",
-    "keras.variables": "_value",
+    "tf.traced_graphs": "_functions _list_all_concrete_functions", "keras.variables": "_value",
     "keras.flatten_layers": "_flatten_layers",
     "keras.outbound_nodes": "_inbound_nodes _outbound_nodes",
-    "keras.keras_history": "_keras_history",
-    "keras.callback_model": "_model",
+    "keras.keras_history": "_keras_history", "keras.callback_model": "_model",
     "keras.sequential_inner": "_functional _maybe_rebuild",
     "tf_keras.outbound_nodes": "_outbound_nodes_value",
-    "tf_keras.optimizer_build": "_BaseOptimizer",
-    "jax.compiled": "_cached_compilation",
-    "ipython.cell_names": "_filename_map",
-    "ipykernel.shell_parent": "_shell_parent",
-    "glibc.mallopt": "ctypes",
-    "cpython.bytecode": "_parse_exception_table",
-    "cpython.frames": "_getframe",
-    "cpython.signal": "_signal",
+    "tf_keras.optimizer_build": "_BaseOptimizer", "jax.compiled": "_cached_compilation",
+    "ipython.cell_names": "_filename_map", "ipykernel.shell_parent": "_shell_parent",
+    "glibc.mallopt": "ctypes", "cpython.bytecode": "_parse_exception_table",
+    "cpython.frames": "_getframe", "cpython.signal": "_signal",
     "cpython.module_spec": "_initializing _bootstrap _load_unlocked",
     "cpython.referrers": "gc.get_referrers gc.get_objects",
-}
+}  # fmt: skip
 PRIVATE_NAMES: dict[str, str] = {n: reach for reach, names in _NAMES.items() for n in names.split()}
