@@ -131,25 +131,20 @@ def run_variant_process(
 ) -> LoopResult:
     """Run one variant in a fresh Python process and return its result; ``on_progress(n)`` is
     called in this process as the child finishes its n-th model."""
-    found: list[dict[str, Any]] = []
-
-    def take(message: dict[str, Any]) -> None:
-        if "done" in message:
-            on_progress(int(message["done"]))
-        elif "variant" in message:
-            found.append(message)
-
-    code, err = _run_child([variant, str(models), str(samples), str(skip)], {}, take)
+    code, err, said = _run_child([variant, str(models), str(samples), str(skip)], {}, on_progress)
+    found = [message for message in said if "variant" in message]
     if code != 0 or not found:
         raise RuntimeError(f"{variant} loop failed:\n{err}")
     return LoopResult(**found[-1])
 
 
 def _run_child(
-    args: list[str], env: dict[str, str], take: Callable[[dict[str, Any]], None]
-) -> tuple[int, str]:
-    """Run ``python -m kerasmagic._demo ARGS`` on the CPU, pass each JSON object it prints to
-    ``take`` as it comes; return its exit status and the tail of its stderr."""
+    args: list[str], env: dict[str, str], on_step: Callable[[int], None]
+) -> tuple[int, str, list[dict[str, Any]]]:
+    """Run ``python -m kerasmagic._demo ARGS`` on the CPU; call ``on_step(n)`` as it prints its
+    n-th step (``{"done": n}`` or ``{"fold": n, ...}``); return its exit status, the tail of its
+    stderr and every JSON object it printed."""
+    said: list[dict[str, Any]] = []
     env = {**os.environ, **env, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
     cmd = [sys.executable, "-m", "kerasmagic._demo", *args]
     # stderr goes to a file: TensorFlow may write more than a pipe holds while we read stdout.
@@ -166,12 +161,15 @@ def _run_child(
                     except ValueError:
                         continue
                     if isinstance(message, dict):
-                        take(message)
+                        said.append(message)
+                        step = message.get("done", message.get("fold"))
+                        if step is not None:
+                            on_step(int(step))
             except BaseException:  # Ctrl-C or a failing callback: stop the child, then re-raise
                 proc.kill()
                 raise
         err.seek(0)
-        return proc.returncode, err.read()[-3000:]
+        return proc.returncode, err.read()[-3000:], said
 
 
 def table(results: list[LoopResult]) -> str:
@@ -181,10 +179,8 @@ def table(results: list[LoopResult]) -> str:
     rows = [head, "-" * len(head)]
     for r in results:
         cleanup = "-" if r.cleanup_s_median is None else f"{r.cleanup_s_median:.3f}"
-        rows.append(
-            f"{VARIANTS[r.variant]:<48} {r.rss_mb_per_model:>12.3f} "
-            f"{r.objects_per_model:>13.0f} {cleanup:>9}  {r.last_layer_name}"
-        )
+        row = f"{VARIANTS[r.variant]:<48} {r.rss_mb_per_model:>12.3f} "
+        rows.append(row + f"{r.objects_per_model:>13.0f} {cleanup:>9}  {r.last_layer_name}")
     return "\n".join(rows)
 
 
@@ -270,16 +266,10 @@ def run_in_shell(variant: str) -> None:
 
 def run_folds_process(variant: str, on_fold: Callable[[int], None] = lambda n: None) -> FoldsResult:
     """Run one variant in a fresh capped process; ``on_fold(n)`` as it finishes fold n."""
-    result = FoldsResult(variant)
-
-    def take(message: dict[str, Any]) -> None:
-        if "fold" in message:
-            result.in_use_bytes.append(int(message["in_use"]))
-            on_fold(result.folds)
-        elif "error" in message:
-            result.error = str(message["error"])
-
-    code, err = _run_child(["folds", variant], CAP_ENV, take)
+    code, err, said = _run_child(["folds", variant], CAP_ENV, on_fold)
+    in_use = [int(message["in_use"]) for message in said if "fold" in message]
+    errors = [str(message["error"]) for message in said if "error" in message]
+    result = FoldsResult(variant, in_use, errors[-1] if errors else None)
     if code != 0 and result.error is None:
         # TF 2.21's capped CPU allocator can crash, rather than raise, when it runs out
         # inside a traced step: the process is gone, and so is its memory.
@@ -347,28 +337,24 @@ class StepProgress:
         estimate fits beside it (a shorter bar, then none, then no clock); only on a terminal
         too narrow for that is the label cut, beside the full status.
         """
-        statuses = self._statuses(time.monotonic() - self._start)
+        elapsed = time.monotonic() - self._start
+        clock, counts = f"{elapsed:.0f} s", f"{self.done}/{self.total} {self.unit}"
+        left = remaining_s(self.done, self.total, elapsed, self._first_s)
+        end = clock if left is None else f"{clock}, ~{left:.0f} s left"
+        # the statuses beside the label, from the fullest to the shortest
+        statuses = [f"starting (importing TensorFlow)  {clock}", f"starting  {clock}"]
+        if self.done:
+            statuses = [
+                f"{bar(self.done, self.total)} {counts}  {end}",
+                f"{bar(self.done, self.total, BAR_WIDTH // 2)} {counts}  {end}",
+                f"{counts}  {end}",
+                f"{counts}  {clock}" if left is None else f"{counts}, ~{left:.0f} s left",
+            ]
         for status in statuses:
             if len(self.label) + 2 + len(status) <= columns - 1:
                 return f"{self.label}  {status}"
-        status = statuses[0]
-        room = max(columns - 1 - len(status) - 2, 8)
-        return f"{self.label[: room - 3]}...  {status}"
-
-    def _statuses(self, elapsed: float) -> list[str]:
-        """Return the status part of the line, from the fullest to the shortest."""
-        clock = f"{elapsed:.0f} s"
-        if self.done == 0:
-            return [f"starting (importing TensorFlow)  {clock}", f"starting  {clock}"]
-        left = remaining_s(self.done, self.total, elapsed, self._first_s)
-        end = clock if left is None else f"{clock}, ~{left:.0f} s left"
-        counts = f"{self.done}/{self.total} {self.unit}"
-        return [
-            f"{bar(self.done, self.total)} {counts}  {end}",
-            f"{bar(self.done, self.total, BAR_WIDTH // 2)} {counts}  {end}",
-            f"{counts}  {end}",
-            f"{counts}  {clock}" if left is None else f"{counts}, ~{left:.0f} s left",
-        ]
+        room = max(columns - 1 - len(statuses[0]) - 2, 8)
+        return f"{self.label[: room - 3]}...  {statuses[0]}"
 
     def _tick(self) -> None:
         while not self._stop.wait(1.0):
@@ -393,16 +379,14 @@ def _columns() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return its exit status."""
-    raw = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
-        prog="kerasmagic", description=DESCRIPTION, formatter_class=raw
-    )
+    raw: dict[str, Any] = {"formatter_class": argparse.RawDescriptionHelpFormatter}
+    parser = argparse.ArgumentParser(prog="kerasmagic", description=DESCRIPTION, **raw)
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     demo = sub.add_parser(
         "demo",
         help="the leak loop and a capped K-fold loop, with and without us (~5 min)",
         description=DEMO_DESCRIPTION,
-        formatter_class=raw,
+        **raw,
     )
     demo.add_argument(
         "--models",

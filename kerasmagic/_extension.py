@@ -9,8 +9,9 @@ A ``module:Class`` entry names the class in the module that has the two.
 
 from __future__ import annotations
 
-import importlib
+import contextlib
 import logging
+import pkgutil
 import sys
 from typing import Any
 
@@ -47,14 +48,14 @@ def load(shell: Any) -> None:
     try:
         shell.register_magics(magics)
         for name, module in PARTS:
-            state.parts[name] = _part(module).load(state)
+            state.parts[name] = pkgutil.resolve_name(module).load(state)
     except BaseException:
         unload(shell)  # never half loaded: a retry starts from nothing
         raise
     run_code = getattr(type(shell), "run_code", None) if works("ipython.run_code", shell) else None
-    runners = (*RUNNERS, run_code)
-    cells = [code for code in (getattr(r, "__code__", None) for r in runners) if code is not None]
-    backends.attach(cells, magics.patch_stack_traces)  # op traces end at the cell's frames
+    codes = (getattr(runner, "__code__", None) for runner in (*RUNNERS, run_code))
+    # op traces end at the cell's frames
+    backends.attach([c for c in codes if c is not None], magics.patch_stack_traces)
     said = pin_mmap_threshold(magics.mmap_threshold_mb)  # big freed blocks go back to the OS
     if "refused" in said:
         log.warning("kerasmagic: %s", said)
@@ -69,7 +70,7 @@ def unload(shell: Any) -> None:
         return
     for name, module in reversed(PARTS):  # the parts loaded so far, newest first
         if name in state.parts:
-            _part(module).unload(state, state.parts.pop(name))
+            pkgutil.resolve_name(module).unload(state, state.parts.pop(name))
     magics, manager = state.magics, shell.magics_manager
     ours = works("ipython.magics", shell)  # moved: said once, by compat; the magics stay
     for kind, names in magics.magics.items() if ours else ():
@@ -78,19 +79,11 @@ def unload(shell: Any) -> None:
                 manager.magics[kind].pop(name, None)
     if ours and manager.registry.get(type(magics).__name__) is magics:
         manager.registry.pop(type(magics).__name__, None)
-    configurables = getattr(shell, "configurables", [])  # Magics.__init__ appended it there
-    if magics in configurables:
-        configurables.remove(magics)
+    with contextlib.suppress(ValueError):  # Magics.__init__ appended it there
+        getattr(shell, "configurables", []).remove(magics)
     STATES.pop(id(shell), None)
     if not STATES:
         unwatch()
         backends.detach()
         if "kerasmagic.probes.nvml" in sys.modules:  # never imported: nothing to stop
             sys.modules["kerasmagic.probes.nvml"].stop()
-
-
-def _part(path: str) -> Any:
-    """Return the module ``path`` names, or the class in it after a colon (``module:Class``)."""
-    module, _, attribute = path.partition(":")
-    found = importlib.import_module(module)
-    return getattr(found, attribute) if attribute else found

@@ -16,28 +16,24 @@ import sys
 import sysconfig
 import threading
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 _INSTALLED = ("site-packages", "dist-packages")
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
 
-@lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)
 def library_file(path: str) -> bool:
     """Return whether the file ``path`` belongs to an installed package or the standard library
     (or is no file at all: ``<frozen ...>``, ``<string>``); a notebook cell's is the user's."""
     if path.startswith("<ipython-input-"):
         return False  # a terminal IPython cell
-    if path.startswith("<") or path.startswith(_STDLIB) or any(p in path for p in _INSTALLED):
-        return True
-    try:
-        packages = site.getsitepackages()
-    except AttributeError:  # a virtualenv's old site module
-        packages = []
-    return any(path.startswith(p) for p in (sys.base_prefix, sys.prefix, *packages) if p)
+    # a virtualenv's old site module has no getsitepackages
+    packages: list[str] = getattr(site, "getsitepackages", list)()
+    prefixes = ("<", _STDLIB, sys.base_prefix, sys.prefix, *packages)
+    return any(p in path for p in _INSTALLED) or path.startswith(tuple(p for p in prefixes if p))
 
 
 def user_module(name: object) -> bool:
@@ -47,11 +43,8 @@ def user_module(name: object) -> bool:
         return False
     if name == "__main__":
         return True
-    module = sys.modules.get(name)
-    if module is None:
-        return False
-    try:  # the module's own dict: a lazy module's __getattr__ never runs
-        path = object.__getattribute__(module, "__dict__").get("__file__")
+    try:  # the module's own dict: a lazy module's __getattr__ never runs (None has no dict)
+        path = object.__getattribute__(sys.modules.get(name), "__dict__").get("__file__")
     except Exception:
         return False
     return type(path) is str and not library_file(path)
@@ -87,14 +80,10 @@ class AfterImport(importlib.abc.MetaPathFinder):
         if fullname not in self._names or getattr(self._finding, "on", False):
             return None
         self._finding.on = True
-        spec: ModuleSpec | None = None
         try:  # the real spec: the first other finder's
-            for finder in list(sys.meta_path):
-                find = getattr(finder, "find_spec", None)
-                if finder is not self and find is not None:
-                    spec = find(fullname, path, target)
-                    if spec is not None:
-                        break
+            finds = [getattr(f, "find_spec", None) for f in sys.meta_path if f is not self]
+            specs = (find(fullname, path, target) for find in finds if find is not None)
+            spec: ModuleSpec | None = next((s for s in specs if s is not None), None)
         finally:
             self._finding.on = False
         if spec is None or spec.loader is None:
@@ -111,8 +100,7 @@ class _ThenCall(importlib.abc.Loader):
         self._loader, self._callback = loader, callback
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        module: ModuleType | None = self._loader.create_module(spec)
-        return module
+        return cast("ModuleType | None", self._loader.create_module(spec))
 
     def exec_module(self, module: ModuleType) -> None:
         module.__loader__ = self._loader  # what the module and its spec say: the real loader

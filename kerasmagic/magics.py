@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
-import functools
 import json
 import keyword
 import logging
 import shlex
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -22,7 +22,6 @@ from traitlets import Bool, Int, TraitError, observe, validate
 from kerasmagic.backends import configure_gpus, reset_peaks
 from kerasmagic.cells import run as runner
 from kerasmagic.cells.rebinding import rebound_now
-from kerasmagic.cells.run import compile_cell, no_result, transformed_body
 from kerasmagic.cleanup import MAX_MB, clean, last_report, pin_mmap_threshold, report_text
 from kerasmagic.cleanup.holders import live_models
 from kerasmagic.compat import check_now, registry
@@ -30,18 +29,8 @@ from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.live import CellRecord, get_monitor
 from kerasmagic.probes import largest_variables, read_ram
 from kerasmagic.snapshot import take_snapshot
-from kerasmagic.views.render import (
-    ReportLine,
-    Table,
-    freed_row,
-    model_rows,
-    off_rows,
-    show,
-    snapshot_rows,
-    variable_rows,
-)
+from kerasmagic.views import render
 
-flag = functools.partial(argument, action="store_true")  # an @argument that is a switch
 ISOLATE_FLAGS = ("inputs", "outputs", "timeout", "gpus", "on")
 NO_PEAK = (
     "no allocator peak to reset (no device keeps statistics, or the backend has not started "
@@ -82,32 +71,24 @@ def parse_line(magic: Any, line: str, cell: bool = False) -> argparse.Namespace 
         namespace: argparse.Namespace = magic.parser.parse_args(argv)
     except UsageError as exc:
         raise UsageError(_short(str(exc))) from None
-    if getattr(namespace, "help", False):
-        print(help_text(magic, cell))
-        return None
-    return namespace
-
-
-def help_text(magic: Any, cell: bool = False) -> str:
-    """Return ``magic``'s usage, description and options (what ``%magic?`` shows)."""
-    text: str = magic.parser.format_help()
-    # IPython's formatter writes reST for docstrings (``::`` then the usage) and one ``%``
-    # whatever the kind of magic; a printed help reads ``usage: %%fresh_model [...]``.
-    head, _, rest = text.partition(f"%{magic.parser.prog}")
-    prefix = "%%" if cell else "%"
-    return f"usage: {prefix}{magic.parser.prog}{rest}" if head.strip(" \n:") == "" else text
+    if not getattr(namespace, "help", False):
+        return namespace
+    # The usage, description and options (what ``%magic?`` shows). IPython's formatter writes
+    # reST for docstrings (``::`` then the usage) and one ``%`` whatever the kind of magic; a
+    # printed help reads ``usage: %%fresh_model [...]``.
+    text, prog = magic.parser.format_help(), magic.parser.prog
+    head, _, rest = text.partition(f"%{prog}")
+    print(f"usage: {'%%' if cell else '%'}{prog}{rest}" if head.strip(" \n:") == "" else text)
+    return None
 
 
 def megabytes(text: str) -> int:
     """Return a ``--limit`` value: a whole number of megabytes from 1 to 10,000,000."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_LIMIT_MB:
-        msg = f"expected whole megabytes, 1 to {MAX_LIMIT_MB}, got {text!r}"
-        raise argparse.ArgumentTypeError(_short(msg))
-    return value
+    with contextlib.suppress(ValueError):
+        if 1 <= (value := int(text)) <= MAX_LIMIT_MB:
+            return value
+    msg = f"expected whole megabytes, 1 to {MAX_LIMIT_MB}, got {text!r}"
+    raise argparse.ArgumentTypeError(_short(msg))
 
 
 def keep_names(raw: Iterable[str], known: Collection[str], assigned: Collection[str]) -> list[str]:
@@ -125,6 +106,62 @@ def keep_names(raw: Iterable[str], known: Collection[str], assigned: Collection[
             hint = f"; did you mean {close[0]!r}?" if close else " in the namespace"
             raise UsageError(_short(f"--keep: no variable {name!r}{hint}"))
     return names
+
+
+def options(table: dict[str, Any]) -> Callable[[Any], Any]:
+    """Return ``@magic_arguments`` with an ``@argument`` for each option of ``table`` in its
+    order, then ``-h``: an option's value is its help (a switch) or ``argument``'s keywords."""
+
+    def decorate(magic: Any) -> Any:
+        for names, spec in reversed([*table.items(), ("-h --help", HELP)]):
+            keywords = {"action": "store_true", "help": spec} if isinstance(spec, str) else spec
+            magic = argument(*names.split(), **keywords)(magic)
+        return magic_arguments()(magic)
+
+    return decorate
+
+
+HELP = "Show this help; run nothing."
+GPU_MEM = {  # %gpu_mem's options, in the help's order
+    "--live": "Show a widget that updates after every cell and while cells run "
+    "(one line per cell in terminal IPython).",
+    "--history": "Show the per-cell memory history.",
+    "--plot": "Plot RSS/VRAM per cell (needs matplotlib).",
+    "--json": "Print the snapshot as JSON.",
+    "--reset-peak": "Reset the backend's per-GPU peak counters.",
+    "--deep": "List every live Keras model with its size and what holds it (slow: scans gc).",
+    "--growth": "GPU memory on demand, not all at start: TF memory growth, JAX without "
+    "pre-allocation (only before the backend starts its GPUs).",
+    "--limit": dict(
+        type=megabytes,
+        metavar="MB",
+        help="Cap the Keras backend (TF, JAX, PyTorch) at MB megabytes per GPU (TF and JAX: "
+        "only before they start their GPUs).",
+    ),
+}
+FRESH_MODEL = {  # %%fresh_model's options, in the help's order
+    "--all": dict(
+        action="store_true",
+        dest="drop_all",
+        help="Drop every model in the namespace (and in its lists/dicts), not only stale ones.",
+    ),
+    "--keep": dict(nargs="+", default=[], metavar="NAME", help="Never drop these names."),
+    "--dry-run": "Only report what would be dropped; clean nothing and do not run the cell.",
+    "-q --quiet": "Print no report.",
+    "-v --verbose": "Show what the cleanup did in full under the report line (in a notebook it "
+    "is one click away: the line's ▸).",
+    "--predict": "Before each fit in the cell, predict its peak memory (one line); a fit that "
+    "would not fit stops before its first step, naming the batch that fits.",
+    "--isolate": "Run the cell in a fresh Python process; all its memory is freed when it ends.",
+    "--inputs": dict(nargs="+", metavar="NAME", help="Notebook names sent to --isolate."),
+    "--outputs": dict(nargs="+", metavar="NAME", help="Names brought back by --isolate."),
+    "--timeout": dict(type=float, metavar="S", help="Kill the isolated process after S s."),
+    "--gpus": dict(
+        metavar="SPEC",
+        help='GPUs of the isolated process: "0", "0,1", "" for CPU; with --on ray: GPUs per run.',
+    ),
+    "--on": dict(metavar="BACKEND", help="Run the isolated cell on ray or ray://host:port."),
+}
 
 
 @magics_class
@@ -159,33 +196,7 @@ class KerasMagics(Magics):
         assert self.shell is not None, "KerasMagics used without a shell"
         return self.shell
 
-    @magic_arguments()
-    @flag(
-        "--live",
-        help="Show a widget that updates after every cell and while cells run "
-        "(one line per cell in terminal IPython).",
-    )
-    @flag("--history", help="Show the per-cell memory history.")
-    @flag("--plot", help="Plot RSS/VRAM per cell (needs matplotlib).")
-    @flag("--json", help="Print the snapshot as JSON.")
-    @flag("--reset-peak", help="Reset the backend's per-GPU peak counters.")
-    @flag(
-        "--deep",
-        help="List every live Keras model with its size and what holds it (slow: scans gc).",
-    )
-    @flag(
-        "--growth",
-        help="GPU memory on demand, not all at start: TF memory growth, JAX without "
-        "pre-allocation (only before the backend starts its GPUs).",
-    )
-    @argument(
-        "--limit",
-        type=megabytes,
-        metavar="MB",
-        help="Cap the Keras backend (TF, JAX, PyTorch) at MB megabytes per GPU (TF and JAX: "
-        "only before they start their GPUs).",
-    )
-    @flag("-h", "--help", help="Show this help; run nothing.")
+    @options(GPU_MEM)
     @no_var_expand  # a line is options, not code: and expanding an 80 KB line took minutes
     @line_magic
     def gpu_mem(self, line: str) -> None:
@@ -195,18 +206,15 @@ class KerasMagics(Magics):
         if args is None:  # --help: printed
             return
         views = [f"--{v}" for v in ("live", "history", "plot") if getattr(args, v)]
-        flags = ("json", "deep", "growth", "reset_peak")
+        flags = ("json", "deep", "growth", "reset_peak", "limit")  # a --limit is 1 MB or more
         others = [f"--{o.replace('_', '-')}" for o in flags if getattr(args, o)]
-        others += ["--limit"] if args.limit is not None else []
         if views and others:
-            raise UsageError(
-                f"kerasmagic: {views[0]} shows a view and cannot be combined with {others[0]}: "
-                "run them as two lines"
-            )
+            msg = f"kerasmagic: {views[0]} shows a view and cannot be combined with {others[0]}: "
+            raise UsageError(msg + "run them as two lines")
         if views:
-            show(self.ip, live=args.live, history=args.history, plot=args.plot)
+            render.show(self.ip, live=args.live, history=args.history, plot=args.plot)
             return
-        if args.growth or args.limit is not None:
+        if args.growth or args.limit:
             try:
                 print(f"kerasmagic: {configure_gpus(args.growth, args.limit)}")
             except (ValueError, ImportError) as exc:
@@ -227,56 +235,19 @@ class KerasMagics(Magics):
             data["off"] = [found.to_dict() for found in registry.off()]
             print(json.dumps(data, indent=1))
             return
-        rows = snapshot_rows(snap) + off_rows(registry.off())
-        display(Table(f"kerasmagic: memory of kernel pid {snap.pid}", rows))
+        rows = render.snapshot_rows(snap) + render.off_rows(registry.off())
+        display(render.Table(f"kerasmagic: memory of kernel pid {snap.pid}", rows))
         if args.deep:
-            rows = model_rows(models) + freed_row(last_report())
+            rows = render.model_rows(models) + render.freed_row(last_report())
             count = sum(m.kind == "model" for m in models)  # not the loose state listed after
             named = snap.keras.live_models
             s, them = ("", "it") if count == 1 else ("s", "them")
-            title = f"{count} live Keras model{s}" + (
-                "" if named is None else f" ({named} named in the notebook)"
-            )
-            display(Table(f"{title}: what holds {them}, what frees {them}", rows))
-            display(Table("largest data in the namespace", variable_rows(data_vars)))
+            title = f"{count} live Keras model{s}"
+            title += "" if named is None else f" ({named} named in the notebook)"
+            display(render.Table(f"{title}: what holds {them}, what frees {them}", rows))
+            display(render.Table("largest data in the namespace", render.variable_rows(data_vars)))
 
-    @magic_arguments()
-    @flag(
-        "--all",
-        dest="drop_all",
-        help="Drop every model in the namespace (and in its lists/dicts), not only stale ones.",
-    )
-    @argument("--keep", nargs="+", default=[], metavar="NAME", help="Never drop these names.")
-    @flag(
-        "--dry-run",
-        help="Only report what would be dropped; clean nothing and do not run the cell.",
-    )
-    @flag("-q", "--quiet", help="Print no report.")
-    @flag(
-        "-v",
-        "--verbose",
-        help="Show what the cleanup did in full under the report line (in a notebook it is one "
-        "click away: the line's ▸).",
-    )
-    @flag(
-        "--predict",
-        help="Before each fit in the cell, predict its peak memory (one line); a fit that would "
-        "not fit stops before its first step, naming the batch that fits.",
-    )
-    @flag(
-        "--isolate",
-        help="Run the cell in a fresh Python process; all its memory is freed when it ends.",
-    )
-    @argument("--inputs", nargs="+", metavar="NAME", help="Notebook names sent to --isolate.")
-    @argument("--outputs", nargs="+", metavar="NAME", help="Names brought back by --isolate.")
-    @argument("--timeout", type=float, metavar="S", help="Kill the isolated process after S s.")
-    @argument(
-        "--gpus",
-        metavar="SPEC",
-        help='GPUs of the isolated process: "0", "0,1", "" for CPU; with --on ray: GPUs per run.',
-    )
-    @argument("--on", metavar="BACKEND", help="Run the isolated cell on ray or ray://host:port.")
-    @flag("-h", "--help", help="Show this help; run nothing.")
+    @options(FRESH_MODEL)
     @no_var_expand
     @cell_magic
     def fresh_model(self, line: str, cell: str) -> Any:
@@ -290,7 +261,7 @@ class KerasMagics(Magics):
         __tracebackhide__ = True  # read by IPython's traceback formatter
         args = parse_line(self.fresh_model, line, cell=True)
         if args is None:  # --help: printed, the cell not run
-            return no_result(self.ip, cell)
+            return runner.no_result(self.ip, cell)
         if args.isolate and args.predict:
             raise UsageError("--predict predicts fits in this kernel: not with --isolate")
         if args.isolate:
@@ -308,7 +279,7 @@ class KerasMagics(Magics):
         # phase runs gc callbacks (JAX registers one), and an interrupt raised inside one is
         # printed as "Exception ignored" and lost.
         with held_interrupts() as held:
-            compiled = compile_cell(self.ip, transformed_body(self.ip, cell), header)
+            compiled = runner.compile_cell(self.ip, runner.transformed_body(self.ip, cell), header)
             keep = keep_names(args.keep, self.ip.user_ns, compiled.assigned)
             report = clean(
                 self.shell,
@@ -321,20 +292,17 @@ class KerasMagics(Magics):
             )
         held.deliver()
         if args.dry_run:
-            display(ReportLine(f"kerasmagic: {report.summary()}"))
-            return no_result(self.ip, cell)
+            display(render.ReportLine(f"kerasmagic: {report.summary()}"))
+            return runner.no_result(self.ip, cell)
         after_cleanup = read_ram().rss_bytes
 
         def report_line() -> None:
-            if args.quiet:
-                return
-            monitor = get_monitor(self.ip)
-
             def say(record: CellRecord | None) -> None:
                 line = report_text(report, start_rss, after_cleanup, record, read_ram().rss_bytes)
-                display(ReportLine(f"kerasmagic: {line}", report.summary(), args.verbose))
+                display(render.ReportLine(f"kerasmagic: {line}", report.summary(), args.verbose))
 
-            if monitor is None or not monitor.at_cell_end(say):
+            monitor = None if args.quiet else get_monitor(self.ip)
+            if not args.quiet and (monitor is None or not monitor.at_cell_end(say)):
                 say(None)  # no record coming (a magic called inside a cell): said now
 
         if not args.predict:
