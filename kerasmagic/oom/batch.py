@@ -302,9 +302,8 @@ def _variables(optimizer: Any) -> Sequence[Any]:
 
 # -- know before fit ----------------------------------------------------------------------------
 SHARES = (8, 2)  # probes at an eighth and half the batch (the half twice)
-PROBE_STEPS = (
-    4  # train steps a probe runs: fewer miss the peak of tf.data's prefetch, still growing
-)
+# train steps a probe runs: fewer miss the peak of tf.data's prefetch, still growing
+PROBE_STEPS = 4
 ROOM = 0.75  # a probe's worst case stays below this share of the limit: near it, a free
 # share split in chunks can fail an allocation (under a 160 MB cap, a probe whose worst case
 # was under 144 MB ran out)
@@ -523,7 +522,7 @@ def _kept(model: Any) -> Iterator[None]:
     values = [v.numpy() for v in variables]
     names = ("train_function", "test_function", "predict_function", "history", "stop_training")
     attributes = {name: vars(model).get(name, _MISSING) for name in names}
-    rng = _rng_state()
+    rng = _rng_kept()
     try:
         yield
     finally:
@@ -539,7 +538,8 @@ def _kept(model: Any) -> Iterator[None]:
                     vars(model).pop(name, None)
                 else:
                     setattr(model, name, value)
-            _set_rng_state(rng)
+            for put_back in rng:
+                put_back()
             gc.collect()
         held.deliver()
 
@@ -547,28 +547,21 @@ def _kept(model: Any) -> Iterator[None]:
 _MISSING = object()
 
 
-def _rng_state() -> tuple[Any, ...]:
-    numpy = sys.modules.get("numpy")
-    return random.getstate(), None if numpy is None else numpy.random.get_state(), _tf_rng()
+def _rng_kept() -> list[Callable[[], None]]:
+    """Each RNG a probe draws from, as a call that puts it back: Python's, NumPy's and TF's
+    op-seed generator (``tf.random.set_seed`` makes it; each shuffle draws from it)."""
+    python = random.getstate()
+    back = [lambda: random.setstate(python)]
+    if (numpy := sys.modules.get("numpy")) is not None:
+        drawn = numpy.random.get_state()
+        back.append(lambda: numpy.random.set_state(drawn))
+    if works("tf.op_seeds"):
+        from tensorflow.python.eager import context
 
-
-def _set_rng_state(state: tuple[Any, ...]) -> None:
-    python, numpy_state, tf_state = state
-    random.setstate(python)
-    if numpy_state is not None:
-        sys.modules["numpy"].random.set_state(numpy_state)
-    if tf_state is not None:
-        tf_state[0].setstate(tf_state[1])
-
-
-def _tf_rng() -> tuple[Any, Any] | None:
-    """TF's op-seed generator (``tf.random.set_seed`` makes it; each shuffle draws from it)."""
-    if not works("tf.op_seeds"):
-        return None
-    from tensorflow.python.eager import context
-
-    generator = getattr(context.context(), "_rng", None)
-    return None if generator is None else (generator, generator.getstate())
+        if (generator := getattr(context.context(), "_rng", None)) is not None:
+            seeds = generator.getstate()
+            back.append(lambda: generator.setstate(seeds))
+    return back
 
 
 @contextmanager
