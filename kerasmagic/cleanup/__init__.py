@@ -20,8 +20,6 @@ import textwrap
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
-from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from kerasmagic import backends
@@ -110,7 +108,7 @@ def last_report(shell: Any | None = None) -> CleanupReport | None:
     return _outside[0] if _outside else None
 
 
-@contextmanager
+@contextlib.contextmanager
 def fresh(
     namespace: MutableMapping[str, Any] | None = None,
     *,
@@ -121,17 +119,11 @@ def fresh(
     patch_stack_traces: bool = True,
 ) -> Iterator[CleanupReport]:
     """Run ``reset()`` (same arguments) before the block: ``with kerasmagic.fresh(): ...``."""
-    yield reset(
-        namespace,
-        rebinding=rebinding,
-        keep=keep,
-        drop_all=drop_all,
-        dry_run=dry_run,
-        patch_stack_traces=patch_stack_traces,
-    )
+    yield reset(namespace, rebinding=rebinding, keep=keep, drop_all=drop_all, dry_run=dry_run,
+                patch_stack_traces=patch_stack_traces)  # fmt: skip
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class CleanupReport:
     """What one cleanup dropped, what it freed, and which models are still alive and why."""
 
@@ -205,8 +197,7 @@ def report_text(
     if record is not None:
         start_rss, end_rss = record.start.ram.rss_bytes, record.end.ram.rss_bytes
     parts = [_split("RSS", end_rss - start_rss, after_rss - start_rss)]
-    name = report.allocator_backend
-    freed = report.allocator_freed_bytes
+    name, freed = report.allocator_backend, report.allocator_freed_bytes
     net = None if record is None or name is None else record.delta.device_bytes.get(name)
     if net is not None and freed is not None and (net or freed):
         label = "TF" if name == "tensorflow" else backends.LABELS.get(name or "", name)
@@ -333,10 +324,8 @@ def _survivors(
 def _weighs(obj: Any) -> bool:
     """Return whether a survivor is worth naming: a model, or state that still holds weights
     (a kept base's graph keeps the symbolic inputs of every call on it, which hold none)."""
-    if obj is None:
-        return False
     kind = state_types().kind(type(obj))
-    return kind in (None, "model") or held_by(obj, kind).size_bytes > 0
+    return obj is not None and (kind in (None, "model") or held_by(obj, kind).size_bytes > 0)
 
 
 # Keras's global state, reset with its user settings kept.
@@ -368,31 +357,22 @@ def _keras_settings() -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
 
-def _restore_keras_settings(saved: dict[str, Any]) -> None:
-    state = sys.modules.get(STATE)
-    if not saved or state is None:
-        return
-    try:
-        for name, value in saved.items():
-            state.set_global_attribute(name, value)
-    except Exception as exc:
-        broken("keras.global_state", f"changed set_global_attribute ({type(exc).__name__})")
-
-
 def reset_backend() -> None:
     """Reset Keras's global state (names, graphs, kernel caches), keep its user settings, then
     each backend in use (TF's default graph, JAX's compilation caches, torch's caches)."""
     saved = _keras_settings()
     for name in ("keras", "tf_keras"):
-        backend = getattr(sys.modules.get(name), "backend", None)
-        clear = getattr(backend, "clear_session", None)
-        if clear is None:
-            continue
-        try:
-            clear(free_memory=False)
-        except TypeError:  # tf-keras has no free_memory argument
-            clear()
-    _restore_keras_settings(saved)
+        clear = getattr(getattr(sys.modules.get(name), "backend", None), "clear_session", None)
+        if clear is not None:
+            try:
+                clear(free_memory=False)
+            except TypeError:  # tf-keras has no free_memory argument
+                clear()
+    try:  # saved holds something only where the global state module is imported
+        for name, value in saved.items():
+            sys.modules[STATE].set_global_attribute(name, value)
+    except Exception as exc:
+        broken("keras.global_state", f"changed set_global_attribute ({type(exc).__name__})")
     backends.reset_active()  # TF's default graph, JAX's jit caches, torch's
 
 
@@ -431,15 +411,14 @@ def pin_mmap_threshold(megabytes: int) -> str:
         return "glibc's mmap threshold left dynamic"
     if "MALLOC_MMAP_THRESHOLD_" in os.environ or "glibc.malloc." in os.getenv("GLIBC_TUNABLES", ""):
         return "glibc's malloc is configured by the environment: left as it is"
-    if _pinned_mb == megabytes:
-        return f"glibc's mmap threshold pinned at {megabytes} MiB"
-    mallopt = getattr(libc(), "mallopt", None)
-    if mallopt is None or not works("glibc.mallopt"):
-        return "not glibc: the allocator is left as it is"
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    if not mallopt(M_MMAP_THRESHOLD, megabytes * 2**20):
-        return f"glibc refused an mmap threshold of {megabytes} MiB"
-    _pinned_mb = megabytes
+    if _pinned_mb != megabytes:
+        mallopt = getattr(libc(), "mallopt", None)
+        if mallopt is None or not works("glibc.mallopt"):
+            return "not glibc: the allocator is left as it is"
+        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        if not mallopt(M_MMAP_THRESHOLD, megabytes * 2**20):
+            return f"glibc refused an mmap threshold of {megabytes} MiB"
+        _pinned_mb = megabytes
     return f"glibc's mmap threshold pinned at {megabytes} MiB"
 
 

@@ -117,6 +117,16 @@ class LoopGuard:
         setattr(build, _MARK, True)
         return build
 
+    def pre_run_cell(self, info: Any) -> None:
+        """A cell starts: its end will thaw what a model in it freezes."""
+        self.in_cell = True
+        self.install()  # ~1 us: in case an import hook ahead of ours bypassed it
+
+    def post_run_cell(self, result: Any) -> None:
+        """A cell ended: thaw."""
+        self.in_cell = False
+        Freezer.thaw()
+
     def between_models(self) -> None:
         """Purge what earlier models left, if TF registered custom gradients since last time."""
         count = registered()
@@ -133,43 +143,29 @@ class LoopGuard:
                 purge(self.namespace)
                 self.after = registered() or 0
             held.deliver()
-        except KeyboardInterrupt:
-            raise
-        except Exception:  # never break the user's training: log once, go on
+        except Exception:  # never break the user's training (a Ctrl-C is none): log once, go on
             log.warning("kerasmagic: could not free earlier models", exc_info=True)
             self.after = count
 
 
-Hooks = tuple[LoopGuard, Callable[[Any], None], Callable[[Any], None], Callable[[], None]]
-
-
-def load(state: ShellState) -> Hooks:
+def load(state: ShellState) -> tuple[LoopGuard, AfterImport]:
     """Guard the shell's loops: wrap the optimizers as soon as Keras defines them (now, if it is
     imported; else right after its optimizer module is, mid-cell too: a loop in the cell that
     imports Keras is guarded from its first fold), thaw at cell end."""
     shell = state.shell
     guard = LoopGuard(shell.user_ns)
-
-    def before(info: Any) -> None:
-        guard.in_cell = True
-        guard.install()  # ~1 us: in case an import hook ahead of ours bypassed it
-
-    def after(result: Any) -> None:
-        guard.in_cell = False
-        Freezer.thaw()
-
     guard.install()
-    shell.events.register("pre_run_cell", before)
-    shell.events.register("post_run_cell", after)
+    shell.events.register("pre_run_cell", guard.pre_run_cell)
+    shell.events.register("post_run_cell", guard.post_run_cell)
     hook = AfterImport([module for module, _, _ in OPTIMIZERS], guard.install)
     hook.install()  # last: nothing after it can fail and leave it in sys.meta_path
-    return guard, before, after, hook.uninstall
+    return guard, hook
 
 
-def unload(state: ShellState, hooks: Hooks) -> None:
+def unload(state: ShellState, hooks: tuple[LoopGuard, AfterImport]) -> None:
     """Unwrap the optimizers and remove the hooks."""
-    guard, before, after, uninstall = hooks
-    uninstall()
+    guard, hook = hooks
+    hook.uninstall()
     guard.uninstall()
-    state.shell.events.unregister("pre_run_cell", before)
-    state.shell.events.unregister("post_run_cell", after)
+    state.shell.events.unregister("pre_run_cell", guard.pre_run_cell)
+    state.shell.events.unregister("post_run_cell", guard.post_run_cell)
