@@ -57,8 +57,7 @@ def info(tf: tuple[BackendDevice, ...] | None, graph: GraphInfo) -> BackendInfo:
     miss = cpu_uncounted()  # a GPU's BFC allocator counts every tensor
     devices = tuple(replace(d, uncounted=miss if d.kind == "cpu" else None) for d in tf or ())
     caches = {k: v for k, v in vars(graph).items() if v is not None}
-    on_gpu = any(d.kind == "gpu" for d in devices)
-    platform = None if tf is None else "gpu" if on_gpu else "cpu"
+    platform = None if tf is None else "gpu" if any(d.kind == "gpu" for d in devices) else "cpu"
     keras = keras_backend() == "tensorflow"
     return BackendInfo("tensorflow", version, keras, platform, devices, caches)
 

@@ -48,10 +48,8 @@ def custom_gradient_count() -> int | None:
     entries = gradient_registry()
     if entries is None:
         return None
-    size = len(entries)
-    if size != _count_cache[0]:
-        count = sum(1 for key in list(entries) if key.startswith(CUSTOM_GRADIENT_PREFIX))
-        _count_cache = (size, count)
+    if (size := len(entries)) != _count_cache[0]:
+        _count_cache = (size, sum(key.startswith(CUSTOM_GRADIENT_PREFIX) for key in list(entries)))
     return _count_cache[1]
 
 
@@ -120,8 +118,7 @@ def _unpark(entries: dict[str, Any], name: str, refs: list[weakref.ref[Any]]) ->
 def purge_custom_gradients(collect: Callable[[], object] = gc.collect) -> PurgeResult:
     """Drop registry entries whose graphs nothing else keeps alive; ``collect`` runs gc once."""
     entries = gradient_registry()
-    ops = sys.modules.get("tensorflow.python.framework.ops")
-    graph_type = getattr(ops, "Graph", None)
+    graph_type = getattr(sys.modules.get("tensorflow.python.framework.ops"), "Graph", None)
     if entries is None or not isinstance(graph_type, type) or not works("tf.graph_attributes"):
         collect()
         return PurgeResult(0, 0, 0, "TensorFlow's gradient registry not found; nothing purged")
@@ -148,10 +145,8 @@ FUNCTION_ATTRS = ("train_function", "test_function", "predict_function")
 
 def _graph_ops(concrete: Any) -> int:
     """Return the ops of a trace's graph and of the functions it calls."""
-    graphs = [concrete.graph]
-    graphs += [
-        getattr(f, "graph", None) for f in dict(getattr(graphs[0], "_functions", {})).values()
-    ]
+    called = dict(getattr(concrete.graph, "_functions", {})).values()
+    graphs = [concrete.graph, *(getattr(f, "graph", None) for f in called)]
     return sum(len(graph.get_operations()) for graph in graphs if graph is not None)
 
 
@@ -200,8 +195,7 @@ def _is_stale(concrete: Any, stale_ids: set[int]) -> bool:
         captured, weak_variables = concrete.captured_inputs, concrete.graph._weak_variables
     except Exception:
         return False
-    stale = any(id(tensor) in stale_ids for tensor in captured)
-    return stale or any(ref() is None for ref in weak_variables)
+    return any(id(t) in stale_ids for t in captured) or any(r() is None for r in weak_variables)
 
 
 def _cache_of(fn: Any, cache_type: type) -> Any | None:
@@ -294,7 +288,6 @@ def clear_stale_traces(
     if not isinstance(function_type, type) or not isinstance(cache_type, type):
         return []
     stale_ids = variable_ids(stale) - variable_ids(kept)
-    notes = [
-        _clear(path, fn, cache_type, stale_ids) for path, fn in instances_near(ns, function_type)
-    ]
+    found = instances_near(ns, function_type)
+    notes = [_clear(path, fn, cache_type, stale_ids) for path, fn in found]
     return [note for note in notes if note]

@@ -216,16 +216,14 @@ def drop_stale_switches(before: Mode | None) -> int:
         if found is None or len(found[1]) <= max(1, start.switches):  # a cell's end, nearly always
             return 0
         ctx, stack, graphs = found
-        opened = graphs[start.graphs :]
-        dropped = 0
+        opened, depth = graphs[start.graphs :], len(stack)
         while len(stack) > max(1, start.switches):
             graph = getattr(stack[-1].enter_context_fn, "__self__", None)
             mine = any(g is graph for g in opened) and not ctx.executing_eagerly()
             if mine if graph is not None else opened:  # its block is still open
                 break
             stack.pop()
-            dropped += 1
-        return dropped
+        return depth - len(stack)
     except Exception:  # TF's private stacks renamed: a warning once, never a per-cell error
         say_once(["kerasmagic: could not read TensorFlow's context switches"], exc_info=True)
         return 0

@@ -257,16 +257,12 @@ def grow(
         pieces.append(node.piece)
     new = key[:missing]
     tails = [_tails.get(entry) for entry in new]  # file, and FileLineCol's line and function
-    wanted = [i for i, tail in enumerate(tails) if tail is None]
-    frames = [_frame(kept[position], source_map) for position in wanted]
-    for i, (filename, lineno, func) in zip(wanted, frames, strict=True):
+    for i in [i for i, tail in enumerate(tails) if tail is None]:
+        filename, lineno, func = _frame(kept[i], source_map)
         tails[i] = _tails[new[i]] = (filename, _tail(lineno, func))
     for entry, (filename, tail) in zip(reversed(new), reversed(tails), strict=True):  # type: ignore[misc]
-        files = node.files
-        index = files.get(filename)
-        if index is None:
-            files = _with_file(files, filename)
-            index = files[filename]
+        files = node.files if filename in node.files else _with_file(node.files, filename)
+        index = files[filename]
         piece = _pieces.get((index, tail))
         if piece is None:
             piece = _pieces[(index, tail)] = _piece(index, tail)
