@@ -284,19 +284,25 @@ before, functions = state(), (model.train_function, model.history)
 """
 
 
-def test_a_ctrl_c_mid_prediction_stops_it_and_leaves_model_and_namespace_as_they_were() -> None:
-    """Ctrl-C while a probe trains (its third step: after the warm-up, mid-probe) reaches the
-    user at once, as in a plain fit, with the model's weights, optimizer and functions put back;
-    under ``%%fresh_model --predict`` the cell stops there, the fit never starts and the
-    namespace keeps every value."""
+def _interrupted_shell() -> tuple[Any, dict[str, Any]]:
+    """An IPython shell that ran ``INTERRUPTED``, and its namespace (skips where nothing is
+    probed)."""
     from IPython.core.interactiveshell import InteractiveShell
 
     pytest.importorskip("tensorflow")
     shell = InteractiveShell.instance()
     shell.run_cell(INTERRUPTED).raise_error()
-    ns = shell.user_ns
     if isinstance(kerasmagic.oom.batch.device_meter(), str):
         pytest.skip("TensorFlow keeps no CPU allocator figures here: nothing is probed")
+    return shell, shell.user_ns
+
+
+def test_a_ctrl_c_mid_prediction_stops_it_and_leaves_model_and_namespace_as_they_were() -> None:
+    """Ctrl-C while a probe trains (its third step: after the warm-up, mid-probe) reaches the
+    user at once, as in a plain fit, with the model's weights, optimizer and functions put back;
+    under ``%%fresh_model --predict`` the cell stops there, the fit never starts and the
+    namespace keeps every value."""
+    shell, ns = _interrupted_shell()
     ns["CtrlC"].at = ns["CtrlC"].steps + 3
     with pytest.raises(KeyboardInterrupt):
         kerasmagic.predict_fit(ns["model"], ns["x"], ns["y"], batch_size=256, verbose=False)
@@ -328,16 +334,9 @@ def test_a_ctrl_c_while_the_model_is_put_back_waits_until_all_of_it_is_back(
     after the first stayed as the probes left them)."""
     import signal
 
-    from IPython.core.interactiveshell import InteractiveShell
-
-    pytest.importorskip("tensorflow")
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         pytest.skip("SIGINT is not Python's KeyboardInterrupt here")
-    shell = InteractiveShell.instance()
-    shell.run_cell(INTERRUPTED).raise_error()
-    ns = shell.user_ns
-    if isinstance(kerasmagic.oom.batch.device_meter(), str):
-        pytest.skip("TensorFlow keeps no CPU allocator figures here: nothing is probed")
+    shell, ns = _interrupted_shell()
     shell.run_cell("before = state()").raise_error()
     probe, armed, sent = kerasmagic.oom.batch._probe, [False], []
 
