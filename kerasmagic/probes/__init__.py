@@ -169,10 +169,9 @@ def largest_variables(
     namespace: Mapping[str, Any], limit: int = 8, skip: frozenset[int] = frozenset()
 ) -> list[Variable]:
     """Return the ``limit`` largest user variables whose size is known, largest first."""
-    found = [
-        Variable(name, type(obj).__name__, size)
-        for name in islice(scan_order(namespace), 5000)
-        if name[:1] != "_" and id(obj := namespace.get(name)) not in skip
-        if (size := size_bytes(obj) or 0) > 0
-    ]
+    found = []
+    for name in islice(scan_order(namespace), 5000):
+        obj = namespace.get(name)
+        if name[:1] != "_" and id(obj) not in skip and (size := size_bytes(obj) or 0) > 0:
+            found.append(Variable(name, type(obj).__name__, size))
     return sorted(found, key=lambda v: v.size_bytes, reverse=True)[:limit]
