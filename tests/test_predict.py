@@ -225,6 +225,23 @@ def test_a_model_not_yet_built_is_built_as_fit_would_and_then_fits(
     assert unbuilt["iterations_before_fit"] == 0  # the probes' steps were not counted
 
 
+def test_a_probe_is_sized_by_the_highest_peak_measured_not_by_one_that_landed_low() -> None:
+    """Recorded from CI's capped run: the probe of batch 539 landed 28 MB under the one of 347
+    (its tensors in chunks already free). Read as a slope, that drop let the next probe jump
+    straight to its target; a jump like it, to 6135, ran out of memory."""
+    from kerasmagic.oom.batch import GROWTH, _room
+
+    held, room = 22_677_760, 125_829_120
+    peaks = {0: held, 347: 78_933_760, 539: 50_403_072}
+    size = _room(peaks, 1536, room)
+    assert size is not None and 539 < size < 1536
+    worst = 78_933_760 + GROWTH * (78_933_760 - held) / 539 * (size - 539)
+    assert worst <= room  # from the highest peak, at the slope from nothing to it
+    # a step under a tenth of the largest probe is not worth a probe; the target always is
+    assert _room({0: held, 2074: 125_006_336}, 6144, room) is None
+    assert _room({0: held, 1000: 60_000_000}, 1050, room) == 1050
+
+
 def flat(text: str) -> str:
     return " ".join(text.split())
 

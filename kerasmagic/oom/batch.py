@@ -619,18 +619,18 @@ def _room(peaks: Mapping[int, int], target: int, room: int) -> int | None:
     """Return the largest batch up to ``target`` whose worst case stays within ``room``.
 
     ``peaks`` maps each batch measured to its peak, batch 0 to what was held before any probe.
-    The worst case is the steepest slope measured, or with one probe only a fit's own peak
-    growing in proportion to the batch, steeper still: a step's peak jumps by a tensor where
-    the allocator hands it a whole free chunk up to twice its size.
+    The worst case starts at the highest peak measured (one run can land low: its tensors in
+    chunks already free) and grows at the steepest slope up to it, from nothing included,
+    steeper still: a step's peak jumps by a tensor where the allocator hands it a whole free
+    chunk up to twice its size. A step under a tenth of the largest probe is not taken.
     """
     top = max(peaks)
     if target <= top:
         return target
-    slopes = [(peaks[top] - p) / (top - b) for b, p in peaks.items() if 0 < b < top]
-    slope = GROWTH * (max(slopes) if slopes else (peaks[top] - peaks[0]) / top)
-    reach = top + int((room - peaks[top]) / slope) if slope > 0 else target
-    size = min(target, reach)
-    return size if size > top else None
+    high = max(peaks.values())
+    slope = GROWTH * max((high - p) / (top - b) for b, p in peaks.items() if b < top)
+    size = min(target, top + int((room - high) / slope)) if slope > 0 else target
+    return size if size == target or size > top * 1.1 else None
 
 
 def _fit_peak(model: Any, meter: Meter, batch: int, args: ProbeArgs, steps: int) -> Phases | None:
