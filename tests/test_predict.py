@@ -279,6 +279,20 @@ def test_bad_arguments_are_one_clear_error() -> None:
         kerasmagic.predict_fit(_compiled(), x, x, margin=1.5)
     with pytest.raises(ValueError, match="limit_mb"):
         kerasmagic.predict_fit(_compiled(), x, x, limit_mb="lots")
+    with pytest.raises(ValueError, match=r"margin must be in \(0, 1\], not 'most'"):
+        kerasmagic.predict_fit(_compiled(), x, x, margin="most")
+    with pytest.raises(ValueError, match=r"^x has no samples$"):
+        kerasmagic.predict_fit(_compiled(), x[:0], x[:0], batch_size=4)
+    with pytest.raises(ValueError, match=r"arrays .* found a NoneType$"):
+        kerasmagic.predict_fit(_compiled(), None, x, batch_size=4)
+    with pytest.raises(ValueError, match="validation_batch_size must be a positive whole"):
+        kerasmagic.predict_fit(_compiled(), x, x, batch_size=4, validation_batch_size="8")
+    with pytest.raises(ValueError, match="max_batch must be a positive whole number, not 0"):
+        kerasmagic.find_batch_size(_compiled(), x, x, max_batch=0)
+    # a batch from a NumPy grid is a batch, as fit takes it
+    from kerasmagic.oom.batch import _whole
+
+    assert _whole("batch_size", np.int64(32)) == 32 and type(_whole("b", np.int32(2))) is int
 
 
 INTERRUPTED = """

@@ -27,6 +27,8 @@ import functools
 import gc
 import logging
 import math
+import numbers
+import operator
 import random
 import sys
 import textwrap
@@ -104,7 +106,7 @@ def measure_batch(
     meter = device_meter(_mb(limit_mb))
     if isinstance(meter, str):
         return BatchFit(None, _wrapped(f"kerasmagic: {meter}: no batch size measured"))
-    samples = _rows(x)
+    samples, max_batch = _rows(x), _whole("max_batch", max_batch)
     cap = min(samples, max_batch) if max_batch else samples
     with _kept(model), _quiet():  # each probe's new shape retraces: not news
         return _search(model, x, y, meter, cap, margin)
@@ -281,8 +283,20 @@ def _rows(data: Any) -> int:
         return min(_rows(v) for v in data)
     shape = getattr(data, "shape", None)
     if not shape:
-        raise ValueError("find_batch_size takes arrays (or dicts, lists, tuples of arrays)")
+        raise ValueError("x and y must be arrays (or dicts, lists, tuples of arrays); found a "
+                         f"{type(data).__name__}")  # fmt: skip
+    if not shape[0]:
+        raise ValueError("x has no samples")
     return int(shape[0])
+
+
+def _whole(name: str, value: Any) -> int | None:
+    """Return ``value`` (an int or a NumPy integer) as an int; refuse anything else but None."""
+    if value is None:
+        return None
+    if not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= 1:
+        return operator.index(value)
+    raise ValueError(f"{name} must be a positive whole number, not {value!r}")
 
 
 def _take(data: Any, n: int) -> Any:
@@ -410,7 +424,7 @@ def _check(
     model: Any, margin: float, limit_mb: float | None, caller: str, method: str = "fit"
 ) -> None:
     """Refuse a bad argument in one clear line."""
-    if not 0 < margin <= 1:
+    if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not 0 < margin <= 1:
         raise ValueError(f"margin must be in (0, 1], not {margin!r}")
     if limit_mb is not None and (
         isinstance(limit_mb, bool)
@@ -449,9 +463,8 @@ def _fit_inputs(
     ``PyDataset`` through its first batch, cut. A generator cannot be probed without using it
     up: the batch is None and the last note says why.
     """
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                   or batch_size < 1):  # fmt: skip
-        raise ValueError(f"batch_size must be a positive whole number, not {batch_size!r}")
+    batch_size = _whole("batch_size", batch_size)
+    validation_batch = _whole("validation_batch_size", validation_batch)
     notes: list[str] = []
     kind = _kind(x)
     if kind == "generator":
