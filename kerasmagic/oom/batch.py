@@ -294,8 +294,9 @@ def _whole(name: str, value: Any) -> int | None:
     """Return ``value`` (an int or a NumPy integer) as an int; refuse anything else but None."""
     if value is None:
         return None
-    if not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= 1:
-        return operator.index(value)
+    whole = operator.index(value) if isinstance(value, numbers.Integral) else 0
+    if whole >= 1 and not isinstance(value, bool):
+        return whole
     raise ValueError(f"{name} must be a positive whole number, not {value!r}")
 
 
