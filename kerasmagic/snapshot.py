@@ -169,6 +169,8 @@ def _minus(after: int | None, before: int | None) -> int | None:
 
 def diff(before: MemorySnapshot, after: MemorySnapshot) -> SnapshotDelta:
     """Return what changed from ``before`` to ``after``."""
+    if not (isinstance(before, MemorySnapshot) and isinstance(after, MemorySnapshot)):
+        raise TypeError("diff() takes two MemorySnapshots, as take_snapshot() returns")
     pairs = [(new, old) for new in after.backends if (old := before.backend_named(new.name))]
     changes = {new.name: _minus(new.in_use_bytes, old.in_use_bytes) for new, old in pairs}
     device_bytes = {name: change for name, change in changes.items() if change is not None}

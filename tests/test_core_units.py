@@ -133,6 +133,8 @@ def test_diff() -> None:
     assert delta.rss_bytes > 60 * 2**20 and delta.elapsed_s >= 0
     assert delta.gpu_used_bytes is None or isinstance(delta.gpu_used_bytes, int)
     del block
+    with pytest.raises(TypeError, match=r"diff\(\) takes two MemorySnapshots"):
+        diff(a, b.to_dict())  # type: ignore[arg-type]
 
 
 def test_import_touches_neither_tensorflow_nor_nvml() -> None:

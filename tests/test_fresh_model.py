@@ -152,6 +152,21 @@ def test_keep_protects_names_from_all(kip: InteractiveShell) -> None:
     assert "base" in kip.user_ns and "other" not in kip.user_ns
 
 
+def test_reset_takes_one_name_as_a_name_and_refuses_a_model_for_a_namespace(
+    kip: InteractiveShell,
+) -> None:
+    import kerasmagic
+
+    run(kip, "model = build()\nother = build()")
+    report = kerasmagic.reset(drop_all=True, keep="model")  # not the letters m, o, d, e, l
+    assert report.kept == ("model",) and "model" in kip.user_ns and "other" not in kip.user_ns
+    with pytest.raises(TypeError, match=r"not a Sequential: to free a model, name it"):
+        kerasmagic.reset(kip.user_ns["model"])
+    with pytest.raises(TypeError, match="keep takes variable names"):
+        kerasmagic.reset(keep=[kip.user_ns["model"]])
+    assert "model" in kip.user_ns
+
+
 def test_kept_model_still_trains_after_cleanup(kip: InteractiveShell) -> None:
     run(kip, "base = build()\nbase.fit(x, y, verbose=0);")
     for _ in range(2):

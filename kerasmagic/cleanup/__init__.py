@@ -52,6 +52,11 @@ def reset(
     running shell's). Names in ``keep`` survive. A Ctrl-C during the cleanup is held until it
     is complete, then raised.
     """
+    if namespace is not None and not isinstance(namespace, MutableMapping):
+        raise TypeError(f"reset() takes a namespace such as globals(), not a "
+                        f"{type(namespace).__name__}: to free a model, name it, as in "
+                        "reset(rebinding=['model'])")  # fmt: skip
+    rebinding, keep = _given_names("rebinding", rebinding), _given_names("keep", keep)
     shell = holders.ipython_shell()
     if namespace is None:
         namespace = getattr(shell, "user_ns", {})
@@ -59,6 +64,18 @@ def reset(
         shell = None
     return clean(shell, namespace, rebinding=rebinding, keep=keep, drop_all=drop_all,
                  dry_run=dry_run, patch_stack_traces=patch_stack_traces)  # fmt: skip
+
+
+def _given_names(option: str, names: Iterable[str]) -> tuple[str, ...]:
+    """Return ``names`` as a tuple: one string is one name, not its letters."""
+    listed: tuple[Any, ...]
+    try:
+        listed = (names,) if isinstance(names, str) else tuple(names)
+    except TypeError:
+        listed = (names,)
+    if not all(isinstance(name, str) for name in listed):
+        raise TypeError(f"{option} takes variable names (a string or strings), not {names!r}")
+    return listed
 
 
 def clean(

@@ -539,6 +539,9 @@ def live_models(namespace: Mapping[str, Any] | None = None) -> list[LiveModel]:
     if namespace is None:
         user_ns = getattr(ipython_shell(), "user_ns", None)
         namespace = user_ns if isinstance(user_ns, Mapping) else {}
+    elif not isinstance(namespace, Mapping):
+        raise TypeError(f"live_models() takes a namespace such as globals(), not a "
+                        f"{type(namespace).__name__}")  # fmt: skip
     types = state.model_types()
     if not types or not works("cpython.referrers"):  # moved: said once, by compat
         return []
