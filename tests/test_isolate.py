@@ -179,6 +179,19 @@ def test_gpu_pinning_and_memory_growth_env() -> None:
     assert kerasmagic.run_isolated(env, gpus=[1, 0]) == ("1,0", "true")
     with pytest.raises(ValueError, match="device indices"):
         kerasmagic.run_isolated(env, gpus="gpu0")
+    with pytest.raises(ValueError, match="device indices"):
+        kerasmagic.run_isolated(env, gpus=object())
+
+
+@pytest.mark.parametrize("workers", [0, 1.5, "2", True, [2]])
+def test_a_bad_worker_count_is_one_clear_error_before_any_run(workers: object) -> None:
+    with pytest.raises(ValueError, match="workers must be a whole number of at least 1, not"):
+        kerasmagic.sweep(print, [1], workers=workers)  # type: ignore[arg-type]
+
+
+def test_more_workers_than_runs_start_one_per_run() -> None:
+    trials = kerasmagic.sweep(abs, [-1, -2], workers=10**11, progress=False)  # was a MemoryError
+    assert [t.value for t in trials] == [1, 2]
 
 
 def test_sweep_keeps_order_and_reports_each_trial(capsys: pytest.CaptureFixture[str]) -> None:

@@ -345,7 +345,7 @@ def run_trials(
             have = ray.cluster_resources()
             workers = int(min(have.get("CPU", 1), have.get("GPU", 0) / gpus if gpus else math.inf))
         late = f"timed out after {timeout or 0:g} s; the Ray task was cancelled (worker killed)"
-    workers = max(1, workers or 1)
+    workers = max(1, min(workers or 1, len(calls)))  # no more at a time than there are runs
     slots = list(gpus if on is None and gpus else [None]) * workers  # GPU specs in turn
     shown = [""]  # the line last shown
 
@@ -412,7 +412,10 @@ def gpu_spec(gpus: Gpus) -> str | None:
         raise ValueError(f"gpus: a number of GPUs ({gpus!r}) needs on='ray'; here give indices")
     if isinstance(gpus, int):
         gpus = str(gpus)
-    spec = gpus if gpus is None or isinstance(gpus, str) else ",".join(str(int(g)) for g in gpus)
+    try:
+        spec = gpus if gpus is None or isinstance(gpus, str) else ",".join(map(str, map(int, gpus)))
+    except (TypeError, ValueError):
+        spec = repr(gpus)  # refused below, as given
     if spec and not all(part.strip().isdigit() for part in spec.split(",")):
         raise ValueError(f"gpus must be device indices like '0' or '0,1' (or '' for CPU): {spec!r}")
     return spec
@@ -497,9 +500,11 @@ def sweep(
     """
     many = on is None and isinstance(gpus, list | tuple)
     count = _checked(timeout, on, None if many else gpus)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):  # fmt: skip
+        raise ValueError(f"workers must be a whole number of at least 1, not {workers!r}")
     if on is None:
-        if (workers := workers or 1) < 1:
-            raise ValueError("workers must be at least 1")
+        workers = workers or 1
         count = [gpu_spec(g) for g in gpus] if many else [count]  # type: ignore[union-attr]
     stream = on is not None or (workers == 1 if stream is None else stream)
     configs = list(configs)  # a dict config as keyword arguments, anything else as the argument
