@@ -289,6 +289,13 @@ def test_bad_arguments_are_one_clear_error() -> None:
         kerasmagic.predict_fit(_compiled(), x, x, batch_size=4, validation_batch_size="8")
     with pytest.raises(ValueError, match="max_batch must be a positive whole number, not 0"):
         kerasmagic.find_batch_size(_compiled(), x, x, max_batch=0)
+    # the batch predicted is the one fit runs: no more than what validation_split leaves
+    from kerasmagic.oom.batch import _fit_inputs
+
+    rows = np.zeros((512, 4), "float32")
+    assert _fit_inputs(rows, rows, 1024, None, None, 0.5)[0] == 256
+    assert _fit_inputs(rows, rows, 1024, None, None, 0.0)[0] == 512
+    assert _fit_inputs(rows, rows, 100, None, None, 0.5)[0] == 100
     # a batch from a NumPy grid is a batch, as fit takes it
     from kerasmagic.oom.batch import _whole
 

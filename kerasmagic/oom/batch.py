@@ -390,7 +390,8 @@ def predict_fit(
     traces; never runs out of memory itself; leaves the model as it came.
     """
     _check(model, margin, limit_mb, "predict_fit")
-    batch, probe_args, notes = _fit_inputs(x, y, batch_size, validation_data, validation_batch_size)
+    batch, probe_args, notes = _fit_inputs(x, y, batch_size, validation_data, validation_batch_size,
+                                           validation_split)  # fmt: skip
     if callbacks:
         notes.append("callbacks not run: what they allocate is not counted")
     meter = None if batch is None else device_meter(_mb(limit_mb))
@@ -456,8 +457,9 @@ ProbeArgs = Callable[[int], dict[str, Any]]
 
 
 def _fit_inputs(
-    x: Any, y: Any, batch_size: int | None, validation: Any, validation_batch: int | None
-) -> tuple[int | None, ProbeArgs, list[str]]:
+    x: Any, y: Any, batch_size: int | None, validation: Any, validation_batch: int | None,
+    split: float = 0.0,
+) -> tuple[int | None, ProbeArgs, list[str]]:  # fmt: skip
     """Return the batch predicted, ``fit``'s arguments for a probe of ``b``, and the notes.
 
     Arrays are probed whole at a smaller ``batch_size``; a ``tf.data.Dataset`` rebatched; a
@@ -481,7 +483,9 @@ def _fit_inputs(
         batch = _rows(first[0] if isinstance(first, tuple) else first)
         train = lambda b: {"x": _cut(type(x).__mro__, first, b)}  # noqa: E731
     else:
-        batch = min(batch_size or 32, _rows(x))
+        rows = _rows(x)  # less what validation_split takes, as fit splits them
+        split = split if isinstance(split, float | int) and 0 < split < 1 else 0
+        batch = min(batch_size or 32, math.floor(rows * (1 - split)) or rows)
         train = lambda b: {"x": x, "y": y, "batch_size": b}  # noqa: E731
     share = (validation_batch or batch) / batch
     if _kind(validation) == "dataset":
