@@ -340,11 +340,15 @@ def test_a_ctrl_c_mid_prediction_stops_it_and_leaves_model_and_namespace_as_they
     user at once, as in a plain fit, with the model's weights, optimizer and functions put back;
     under ``%%fresh_model --predict`` the cell stops there, the fit never starts and the
     namespace keeps every value."""
+    import gc
+
     shell, ns = _interrupted_shell()
     ns["CtrlC"].at = ns["CtrlC"].steps + 3
+    frozen = gc.get_freeze_count()
     with pytest.raises(KeyboardInterrupt):
         kerasmagic.predict_fit(ns["model"], ns["x"], ns["y"], batch_size=256, verbose=False)
     assert ns["CtrlC"].steps == ns["CtrlC"].at  # it stopped where the Ctrl-C landed
+    assert gc.get_freeze_count() == frozen  # the probes' freeze ended with them
     assert shell.run_cell("state() == before").result is True  # byte for byte
     assert shell.run_cell("functions == (model.train_function, model.history)").result is True
 
@@ -362,6 +366,37 @@ def test_a_ctrl_c_mid_prediction_stops_it_and_leaves_model_and_namespace_as_they
         assert ns["h"].history["loss"]  # the next fit runs as written
     finally:
         shell.extension_manager.unload_extension("kerasmagic")
+
+
+def test_probes_collect_only_what_they_made_and_leave_the_collector_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What was alive before the prediction is frozen while the probes run (each probe's
+    collection then walks only the probes' objects), and given back after; a freeze that was
+    there already (a loop's, in the same cell) stays."""
+    import gc
+
+    from kerasmagic.cleanup.loops import Freezer
+
+    _, ns = _interrupted_shell()
+    seen, fit_peak = [], kerasmagic.oom.batch._fit_peak
+
+    def probe(*args: Any, **kwargs: Any) -> Any:
+        seen.append((Freezer.frozen, gc.get_freeze_count()))
+        return fit_peak(*args, **kwargs)
+
+    monkeypatch.setattr(kerasmagic.oom.batch, "_fit_peak", probe)
+    before = gc.get_freeze_count()
+    kerasmagic.predict_fit(ns["model"], ns["x"], ns["y"], batch_size=256, verbose=False)
+    assert len(seen) >= 3 and all(frozen and count > before + 1000 for frozen, count in seen)
+    assert gc.get_freeze_count() == before and not Freezer.frozen
+    Freezer.freeze()  # as a loop's second model in a cell leaves it
+    try:
+        held = gc.get_freeze_count()
+        kerasmagic.find_batch_size(ns["model"], ns["x"], ns["y"], verbose=False)
+        assert Freezer.frozen and gc.get_freeze_count() == held
+    finally:
+        Freezer.thaw()
 
 
 def test_a_ctrl_c_while_the_model_is_put_back_waits_until_all_of_it_is_back(

@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kerasmagic.backends.oom import find_oom
+from kerasmagic.cleanup.loops import Freezer
 from kerasmagic.compat.registry import works
 from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.units import fmt_bytes
@@ -108,7 +109,7 @@ def measure_batch(
         return BatchFit(None, _wrapped(f"kerasmagic: {meter}: no batch size measured"))
     samples, max_batch = _rows(x), _whole("max_batch", max_batch)
     cap = min(samples, max_batch) if max_batch else samples
-    with _kept(model), _quiet():  # each probe's new shape retraces: not news
+    with _kept(model), _quiet(), _young_only():  # each probe's new shape retraces: not news
         return _search(model, x, y, meter, cap, margin)
 
 
@@ -412,7 +413,7 @@ def predict_fit(
         sample = x if _kind(x) == "arrays" else next(iter(x))
         model(_take(sample[0] if _kind(x) != "arrays" else sample, 1))
     started = time.perf_counter()
-    with _kept(model), _quiet():
+    with _kept(model), _quiet(), _young_only():
         peaks, oom = _probe(model, meter, batch, lambda b: {**fixed, **probe_args(b)})
     gc.collect()  # each probe's dataset (with its copy of unaligned arrays) is garbage in cycles
     if oom:
@@ -594,6 +595,22 @@ def _quiet() -> Iterator[None]:
             yield
     finally:
         tf_log.setLevel(level)
+
+
+@contextmanager
+def _young_only() -> Iterator[None]:
+    """Freeze what is alive (after one full collection) while probes run, as a loop's second
+    model does (``cleanup/loops.py``): each probe's ``gc.collect()``, there to free the last
+    probe's garbage, then walks only what the probes made (0.23 s to ~20 ms with TF loaded)."""
+    ours = not Freezer.frozen
+    try:
+        if ours:
+            gc.collect()
+            Freezer.freeze()
+        yield
+    finally:
+        if ours:
+            Freezer.thaw()
 
 
 Phases = tuple[int, int, int, int, int]  # a fit's peaks: around its steps (data, epoch), train,
