@@ -77,6 +77,8 @@ def ip() -> Iterator[InteractiveShell]:
     for stored in ("last_type", "last_value", "last_traceback", "last_exc"):
         setattr(sys, stored, None)
     shell.last_execution_result = None
+    if hasattr(shell.InteractiveTB, "tb"):  # IPython's formatter keeps the last one it showed
+        shell.InteractiveTB.tb = None
     if hasattr(shell.SyntaxTB, "last_syntax_error"):  # IPython keeps the last SyntaxError
         shell.SyntaxTB.last_syntax_error = None
     shell.run_line_magic("reset", "-f")
