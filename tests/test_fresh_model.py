@@ -133,6 +133,25 @@ def test_container_the_cell_rebinds_loses_its_models(
     assert kip.user_ns["alive_before_cell"] is False
 
 
+def test_the_line_names_every_model_a_rebound_container_loses(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(kip, "ens = [build(), build()]\nmany = (0.5, [build() for _ in range(5)])")
+    capsys.readouterr()
+    fresh(kip, "ens = [1]\nmany = (0.5, [])")
+    line = capsys.readouterr().out
+    assert "dropped ens[0], ens[1]" in line  # not "ens[0]" alone: two models went
+    run(kip, "ens = [build(), build()]\nmany = (0.5, [build() for _ in range(5)])")
+    capsys.readouterr()
+    fresh(kip, "ens = [1]\nmany = (0.5, [])", line="-v")
+    detail = " ".join(capsys.readouterr().out.split())  # wrapped at 80 columns
+    assert "ens[0], ens[1], many[1][0], many[1][1], many[1][2], many[1][3] and 1 more" in detail
+    fresh(kip, "ens = [build(), build()]\nmany = [build() for _ in range(5)]")
+    capsys.readouterr()
+    fresh(kip, "ens = many = 1")
+    assert "dropped ens[0], ens[1] and 5 more\n" in capsys.readouterr().out  # 7 models, 7 said
+
+
 def test_kept_model_survives_default_and_goes_with_all(
     kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -96,9 +96,9 @@ class Plan:
             if state.is_a(value, self.droppable):
                 self.drop(_label(name, value, self), found, partial(self.ns.pop, name, None))
             elif self.complete:
-                more = f" (+{len(found) - 1})" if len(found) > 1 else ""
                 act = partial(_strip_name, self.ns, name, self.droppable, self.shared)
-                self.drop(f"{found[0][0]}{more}", found, act)
+                self.drop(found[0][0], found, act)  # one cut; each path said, as a name is
+                self.actions += [(path, _cut_above) for path, _ in found[1:]]
             else:
                 self.notes.append(
                     f"kept names too large to scan: model state inside {name} not cut"
@@ -267,6 +267,10 @@ def _strip_name(ns: MutableMapping[str, Any], name: str, types: Any, kept: Any) 
     """Cut: the stale models out of the container bound to ``name`` (see ``strip``)."""
     if name in ns:
         ns[name] = state.strip(ns[name], types, kept)
+
+
+def _cut_above() -> None:
+    """Nothing: the action before it cut this path with the rest of its container."""
 
 
 def _forget_output(ns: MutableMapping[str, Any], out: dict[Any, Any], key: Any) -> None:
