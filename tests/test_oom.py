@@ -102,6 +102,28 @@ def test_jax_oom_raised_for_real_on_the_cpu_and_gpus_message_are_recognised() ->
     assert oom is not None and oom.device == "gpu:0" and oom.wanted_bytes == 2**35
 
 
+def test_a_model_only_the_errors_own_traceback_holds_is_the_cells_not_an_earlier_one() -> None:
+    from kerasmagic.backends.oom import OomError
+    from kerasmagic.cleanup.holders import LiveModel
+    from kerasmagic.oom.explain import Figures, explain
+
+    mb = 2**20  # a cell building a model too large ran out in its initializer (seen for real)
+    oom = OomError("tensorflow", "CPU:0", 64 * mb, (4096, 4096), "float")
+    figures = Figures("CPU:0", 137 * mb, 137 * mb, 160 * mb, "TF_CPU_BFC_MEM_LIMIT_IN_MB")
+    own = LiveModel(
+        "big", "Sequential", 4 * mb, ("sys.last_traceback (build: self)",), freeable=True
+    )
+    kept = LiveModel("model", "Sequential", 5 * mb, ("model",))
+    text, facts = explain(oom, figures, [own, kept])
+    assert "4.0 MB (this cell's): sys.last_traceback (build: self)" in text
+    assert "earlier model" not in facts.remedy  # re-running would build it again
+    earlier = LiveModel(
+        "old", "Sequential", 3 * mb, ("Out[2]", "sys.last_traceback (f: m)"), freeable=True
+    )
+    text, facts = explain(oom, figures, [own, kept, earlier])
+    assert "frees 3.0 MB held by 1 earlier model" in facts.remedy and "(freeable): Out[2]" in text
+
+
 def test_other_errors_are_not_oom() -> None:
     assert find_oom(ValueError("shape mismatch")) is None
     assert find_oom(MemoryError()) is None  # host RAM: Python's own message says it

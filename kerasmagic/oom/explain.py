@@ -138,7 +138,7 @@ def explain(
                      "holds none of it")  # fmt: skip
     ranked = sorted(models, key=lambda m: (not m.freeable, -m.size_bytes))
     for m in ranked[:5]:
-        state = "freeable" if m.freeable else "kept"
+        state = "this cell's" if _own(m) else "freeable" if m.freeable else "kept"
         held = ", ".join(m.holders[:3]) or "nothing in the namespace"
         lines.append(
             f"  held by    {m.type} {m.name!r} {fmt_bytes(m.size_bytes)} ({state}): {held}"
@@ -165,9 +165,15 @@ def _said(word: str, n: int | None) -> str | None:
     return None if n is None else f"{word} {fmt_bytes(n)}"
 
 
+def _own(model: LiveModel) -> bool:
+    """Whether only the error's own traceback holds ``model``: the failing code built or ran it,
+    so freeing it and re-running builds it again (it is no earlier model)."""
+    return bool(model.holders) and all(h.startswith("sys.last_") for h in model.holders)
+
+
 def remedy(oom: OomError, f: Figures, models: Sequence[LiveModel], isolated: bool = False) -> str:
     """Return the one remedy that the figures point to."""
-    stale = [m for m in models if m.freeable]
+    stale = [m for m in models if m.freeable and not _own(m)]
     wanted, limit, in_use = oom.wanted_bytes, f.limit_bytes, f.in_use_bytes
     if stale and not isolated:
         freed, s = fmt_bytes(sum(m.size_bytes for m in stale)), "s" if len(stale) > 1 else ""
