@@ -124,6 +124,21 @@ def test_a_model_only_the_errors_own_traceback_holds_is_the_cells_not_an_earlier
     assert "frees 3.0 MB held by 1 earlier model" in facts.remedy and "(freeable): Out[2]" in text
 
 
+def test_free_memory_in_pieces_is_said_only_where_the_peak_left_room_for_the_tensor() -> None:
+    from kerasmagic.backends.oom import OomError
+    from kerasmagic.oom.explain import Figures, remedy
+
+    mb = 2**20  # a fit's step of batch 4096 failed at its peak; read after, most was free again
+    oom = OomError("tensorflow", "CPU:0", 32 * mb, (4096, 2048), "float")
+    after = Figures("CPU:0", int(58.5 * mb), int(144.8 * mb), 160 * mb, "capped")
+    said = remedy(oom, after, [])
+    assert "in pieces" not in said and "did not fit in the 15.2 MB left at the peak" in said
+    assert said.endswith("batch <= 1945")
+    apart = Figures("CPU:0", 20 * mb, 40 * mb, 160 * mb, "capped")  # room even at the peak
+    wanted = OomError("tensorflow", "CPU:0", 100 * mb, (12800, 2048), "float")
+    assert remedy(wanted, apart, []).startswith("140.0 MB is free but in pieces")
+
+
 def test_other_errors_are_not_oom() -> None:
     assert find_oom(ValueError("shape mismatch")) is None
     assert find_oom(MemoryError()) is None  # host RAM: Python's own message says it

@@ -188,15 +188,18 @@ def remedy(oom: OomError, f: Figures, models: Sequence[LiveModel], isolated: boo
         return ("the isolated process started with nothing else on the device and still ran out: "
                 f"use a smaller batch or model ({FIND_BATCH}, in the isolated cell)")  # fmt: skip
     if wanted is not None and limit is not None and in_use is not None:
-        free, batch = limit - in_use, oom.shape[0] if oom.shape else 0
-        fits = int(batch * free / wanted) if wanted else 0  # a negative free fits none
-        if in_use + wanted < limit:
-            return (f"{fmt_bytes(free)} is free but in pieces smaller than this tensor (the "
-                    "allocator keeps the regions it took): a smaller tensor fits; only a new "
+        # in use is read once the error has unwound the step's tensors: the peak bounds what
+        # was in use as it failed (a step of 32 MB failed at a 145 MB peak of 160, 59 MB after)
+        used = max(in_use, f.peak_bytes or 0)
+        if used + wanted < limit:
+            return (f"{fmt_bytes(limit - in_use)} is free but in pieces smaller than this tensor "
+                    "(the allocator keeps the regions it took): a smaller tensor fits; only a new "
                     "process (%%fresh_model --isolate, or a restart) joins them again")  # fmt: skip
+        free, batch = limit - used, oom.shape[0] if oom.shape else 0
+        fits = int(batch * free / wanted) if wanted else 0  # a negative free fits none
         if 0 < fits < batch:
-            return (f"a tensor of {batch} rows did not fit in {fmt_bytes(free)} free: "
-                    f"batch <= {fits}")  # fmt: skip
+            return (f"a tensor of {batch} rows did not fit in the {fmt_bytes(free)} left at the "
+                    f"peak: batch <= {fits}")  # fmt: skip
     return ("the memory is held by what you keep: del what you no longer need, then "
             f"kerasmagic.reset(), or use a smaller batch ({FIND_BATCH})")  # fmt: skip
 
