@@ -13,6 +13,7 @@ import subprocess
 import sys
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import kernel_run, kernel_value, real_kernel
 
@@ -242,6 +243,25 @@ def test_a_probe_is_sized_by_the_highest_peak_measured_not_by_one_that_landed_lo
     assert _room({0: held, 1000: 60_000_000}, 1050, room) == 1050
 
 
+def test_with_room_for_one_probe_the_first_step_is_the_lines_other_end() -> None:
+    """Recorded in a kernel capped at 160 MB: a 2048-wide MLP's weights and slots held 54 MB,
+    its first step (batch 64 of 4096) peaked at 97 MB, and one probe had room. That used to be
+    "cannot predict", and the fit then ran out of memory; now the two runs give the line."""
+    from kerasmagic.oom.batch import Meter, _predicted
+
+    mb = 2**20
+    meter = Meter("CPU:0", lambda: None, lambda: 0, 160 * mb, "TF_CPU_BFC_MEM_LIMIT_IN_MB")
+    first = tuple(int(v * mb) for v in (60.6, 97.4, 0, 60.3, 0))
+    probe = tuple(int(v * mb) for v in (60.7, 99.1, 0, 60.3, 0))
+    said = _predicted({0: [first], 86: [probe]}, 4096, meter, 0.9, (), 1.0)  # type: ignore[dict-item]
+    assert said.peak_bytes is not None and said.fits is False and said.probes[0][0] == 64
+    assert 60.3 * mb + 38.8 * mb + 1.7 * mb / 22 * 4010 == pytest.approx(said.peak_bytes, rel=0.01)
+    assert "one probe, read with the first step" in flat(said.message)
+    none = _predicted({0: [first]}, 4096, meter, 0.9, (), 1.0)  # type: ignore[dict-item]
+    assert none.peak_bytes is None and none.fits is None
+    assert "one step of batch 64 peaked at 97.4 MB): it may run out" in flat(none.message)
+
+
 def flat(text: str) -> str:
     return " ".join(text.split())
 
@@ -251,6 +271,20 @@ def _compiled() -> Any:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile("sgd", "mse")
     return model
+
+
+def test_a_fit_call_can_be_copied_whole() -> None:
+    """``model.fit(...)`` renamed ``kerasmagic.predict_fit(model, ...)`` is taken as it is."""
+    import inspect
+
+    keras = pytest.importorskip("keras")
+    fit = set(inspect.signature(keras.Model.fit).parameters) - {"self"}
+    assert fit <= set(inspect.signature(kerasmagic.predict_fit).parameters)
+    x, y = [[0.0] * 4] * 8, [[0.0] * 2] * 8
+    said = kerasmagic.predict_fit(_compiled(), np.array(x), np.array(y), batch_size=4, epochs=5,
+                                  initial_epoch=1, steps_per_epoch=2, validation_steps=1,
+                                  validation_freq=2, verbose=False)  # fmt: skip
+    assert said.batch_size == 4
 
 
 def test_a_generator_is_refused_in_one_line_without_being_used_up(

@@ -377,6 +377,11 @@ def predict_fit(
     class_weight: Any = None,
     sample_weight: Any = None,
     callbacks: Sequence[Any] | None = None,
+    epochs: int = 1,
+    initial_epoch: int = 0,
+    steps_per_epoch: int | None = None,
+    validation_steps: int | None = None,
+    validation_freq: int = 1,
     limit_mb: float | None = None,
     margin: float = 0.9,
     verbose: bool = True,
@@ -387,9 +392,12 @@ def predict_fit(
     ``keras.utils.PyDataset``; a dataset's own batch is the batch predicted) and says in one
     line: the peak on the device, its limit (``limit_mb`` replaces it), whether the fit stays
     within ``margin`` of it and the largest batch that does. ``callbacks`` are not run: they are
-    only named as what the prediction cannot see. Costs about five full-size steps and five
-    traces; never runs out of memory itself; leaves the model as it came.
+    only named as what the prediction cannot see. ``epochs``, ``initial_epoch``, the steps and
+    ``validation_freq`` are taken so a ``fit`` call can be copied whole: every step repeats the
+    same peak. ``verbose`` is whether the line is printed. Costs about five full-size steps and
+    five traces; never runs out of memory itself; leaves the model as it came.
     """
+    del epochs, initial_epoch, steps_per_epoch, validation_steps, validation_freq  # same peak
     _check(model, margin, limit_mb, "predict_fit")
     batch, probe_args, notes = _fit_inputs(x, y, batch_size, validation_data, validation_batch_size,
                                            validation_split)  # fmt: skip
@@ -624,7 +632,7 @@ def _probe(
 ) -> tuple[dict[int, list[Phases]], int | None]:
     """Run the probes that have room; return each run's phases' peaks by batch (the trace's at
     batch 0) and the batch that ran out, if any."""
-    warm = max(1, batch // 64)  # traces, builds the metrics: its peak only bounds the next
+    warm = _warm(batch)  # traces, builds the metrics: its peak only bounds the next
     targets = sorted({max(1, batch // share) for share in SHARES} - {batch})
     gc.collect()
     meter.reset()
@@ -650,6 +658,11 @@ def _probe(
             if size == target:
                 break
     return phases, None
+
+
+def _warm(batch: int) -> int:
+    """The batch of the first, one-step run of a prediction."""
+    return max(1, batch // 64)
 
 
 def _room(peaks: Mapping[int, int], target: int, room: int) -> int | None:
@@ -729,11 +742,19 @@ def _predicted(
     """
     budget = int(meter.limit_bytes * margin)
     sizes = sorted(b for b in phases if b)
+    if len(sizes) == 1 and 0 < (warm := _warm(batch)) < sizes[0]:  # room for one probe only:
+        # the first run's step is the line's other end (its train phase holds the trace too, so
+        # the line is read from two runs where the probes usually give four)
+        phases, sizes = {**phases, warm: phases[0]}, [warm, *sizes]
+        notes = (*notes, "little room below the limit: one probe, read with the first step")
     probes = tuple((b, max(map(max, phases[b]))) for b in sizes)
     base = FitPrediction(batch, meter.device, None, limit_bytes=meter.limit_bytes,
                 margin=margin, probes=probes, seconds=seconds, notes=notes)  # fmt: skip
     if len(sizes) < 2:
-        why = "too little room below the limit to probe" if sizes else "no probe ran"
+        why = "no probe ran"
+        if 0 in phases:  # the first step ran, and left no room for a larger one
+            why = (f"too little room below the limit to probe (one step of batch {_warm(batch)} "
+                   f"peaked at {fmt_bytes(max(phases[0][0]))}): it may run out")  # fmt: skip
         why = "a batch under 4 is as small as a probe: run it" if batch < 4 else why
         return replace(base, message=_wrapped(f"kerasmagic: cannot predict the fit of batch "
                                               f"{batch} on {meter.device}: {why}"))  # fmt: skip
