@@ -257,6 +257,7 @@ def test_with_room_for_one_probe_the_first_step_is_the_lines_other_end() -> None
     assert said.peak_bytes is not None and said.fits is False and said.probes[0][0] == 64
     assert 60.3 * mb + 38.8 * mb + 1.7 * mb / 22 * 4010 == pytest.approx(said.peak_bytes, rel=0.01)
     assert "one probe, read with the first step" in flat(said.message)
+    assert "probes reach batch 86 only, so this is rough: find_batch_size" in flat(said.message)
     none = _predicted({0: [first]}, 4096, meter, 0.9, (), 1.0)  # type: ignore[dict-item]
     assert none.peak_bytes is None and none.fits is None
     assert "one step of batch 64 peaked at 97.4 MB): it may run out" in flat(none.message)

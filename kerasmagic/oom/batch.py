@@ -774,6 +774,10 @@ def _predicted(
     verdict = "fits" if fits else f"too big for {margin:.0%} of it"
     if not fits:
         verdict += f"; batch {largest} fits" if largest else "; no batch fits: free memory first"
+    if large * SHARES[0] < batch:  # a line this long multiplies the allocator's steps: a
+        # 2048-wide MLP read from batch 85-198 of 4096 was named 129 and 528 in two runs; 2020 ran
+        notes = (*notes, f"the room let probes reach batch {large} only, so this is rough: "
+                 "find_batch_size measures the batch that fits with real steps")  # fmt: skip
     notes = (*notes, f"predicted in {seconds:.1f} s")
     said = "; ".join(notes)
     message = _wrapped(
