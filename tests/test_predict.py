@@ -286,6 +286,9 @@ def test_a_fit_call_can_be_copied_whole() -> None:
                                   initial_epoch=1, steps_per_epoch=2, validation_steps=1,
                                   validation_freq=2, verbose=False)  # fmt: skip
     assert said.batch_size == 4
+    for bad in ({"epochs": "x"}, {"initial_epoch": -1}, {"steps_per_epoch": 0}):
+        with pytest.raises(ValueError, match="must be a positive whole number"):
+            kerasmagic.predict_fit(_compiled(), np.array(x), np.array(y), verbose=False, **bad)
 
 
 def test_a_generator_is_refused_in_one_line_without_being_used_up(
@@ -492,7 +495,8 @@ def test_in_a_kernel_a_fit_too_big_is_stopped_and_the_batch_it_names_trains(
     # up to ~25% from run to run (a GPU's repeat). With two, this test failed once in 12 runs
     # (output not kept; the named batch's fit, predicted at 115-128 MB of 160, is the likeliest)
     for name, value in (("TF_CPU_ALLOCATOR_USE_BFC", "true"), ("TF_CPU_BFC_MEM_LIMIT_IN_MB", "160"),
-                        ("TF_ENABLE_ONEDNN_OPTS", "0"), ("TF_NUM_INTEROP_THREADS", "1")):  # fmt: skip
+                        ("TF_ENABLE_ONEDNN_OPTS", "0"),
+                        ("TF_NUM_INTEROP_THREADS", "1")):  # fmt: skip
         monkeypatch.setenv(name, value)
     cell = "%%fresh_model --predict\nh = model.fit(x, y, batch_size={}, validation_split=0.1)\n"
     with real_kernel(str(tmp_path)) as (_, client):

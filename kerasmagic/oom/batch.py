@@ -397,7 +397,10 @@ def predict_fit(
     same peak. ``verbose`` is whether the line is printed. Costs about five full-size steps and
     five traces; never runs out of memory itself; leaves the model as it came.
     """
-    del epochs, initial_epoch, steps_per_epoch, validation_steps, validation_freq  # same peak
+    counts = dict(epochs=epochs, steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+                  validation_freq=validation_freq, initial_epoch=initial_epoch or None)  # fmt: skip
+    for name, count in counts.items():  # checked as fit would; none moves the peak
+        _whole(name, count)
     _check(model, margin, limit_mb, "predict_fit")
     batch, probe_args, notes = _fit_inputs(x, y, batch_size, validation_data, validation_batch_size,
                                            validation_split)  # fmt: skip
