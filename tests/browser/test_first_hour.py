@@ -292,10 +292,13 @@ def test_the_panel_reads_at_the_sidebars_width_and_its_figures_agree(
     run_cell(page, 4, timeout_s=120)
     fresh = run_cell(page, 5, timeout_s=120)
     line = fresh.locator(".kerasmagic-line summary", has_text="kerasmagic: RSS ").first
-    page.set_viewport_size({"width": 640, "height": 900})  # the line is short: it wraps here
+    # In a 320 px column the line wraps, between words. (A narrow window was no such column:
+    # at 640 px the notebook's area measured 0 px wide here, and in CI it held the line whole.)
+    column = "el => { el.closest('.jp-OutputArea-output').style.width = '{}'; }"
+    line.evaluate(column.replace("{}", "320px"))
     assert line.evaluate(LINES_JS) >= 2, "the report line must be long enough to wrap here"
     assert line.evaluate(SPLIT_WORDS_JS) == [], line.inner_text()
-    page.set_viewport_size({"width": 1400, "height": 900})
+    line.evaluate(column.replace("{}", ""))
     other = page.locator(".jp-Notebook .jp-Cell").nth(4).locator(".jp-OutputArea-output pre")
     assert other.count() >= 1  # `model`'s repr: other cells' outputs keep JupyterLab's wrapping
     assert other.first.evaluate("el => getComputedStyle(el).wordBreak") == "break-all"
