@@ -1,6 +1,10 @@
-"""Figures in words: bytes as ``1.2 GB``, ``-3.5 MB``."""
+"""Figures in words: bytes as ``1.2 GB``, ``-3.5 MB``; lines wrapped as text."""
 
 from __future__ import annotations
+
+import textwrap
+
+WIDTH = 80  # columns: a notebook's output is wider than this, with its prompt and sidebars
 
 
 def fmt_bytes(n: int | None) -> str:
@@ -24,3 +28,9 @@ def signed_bytes(n: int | None) -> str:
 def reserved_text(reserved: int) -> str:
     """Name NVML's reservation beside what runs out (``kerasmagic/snapshot.py``'s headline)."""
     return f"{fmt_bytes(reserved)} reserved on the GPU (NVML)"
+
+
+def fill(text: str) -> str:
+    """Wrap ``text`` at spaces within ``WIDTH`` columns, later lines indented: a notebook's
+    own wrapping breaks inside words."""
+    return textwrap.fill(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)

@@ -16,7 +16,6 @@ import dataclasses
 import gc
 import os
 import sys
-import textwrap
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
@@ -31,7 +30,7 @@ from kerasmagic.compat.registry import broken, works
 from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.probes import read_ram
 from kerasmagic.shellstate import current, state_of
-from kerasmagic.units import fmt_bytes, signed_bytes
+from kerasmagic.units import fill, fmt_bytes, signed_bytes
 from kerasmagic.walk import held_by, state_types
 
 
@@ -169,7 +168,7 @@ class CleanupReport:
             parts.append(f"still alive: {_names(self.kept)}")
         if self.not_freed:
             parts.append(f"NOT freed: {_names(self.not_freed)}")
-        return "\n".join(_fill(part) for part in parts + list(self.notes))
+        return "\n".join(fill(part) for part in parts + list(self.notes))
 
     def _freed(self) -> str:
         """Say what was freed, in units that show it (12.0 KB, not 0.0 MB); what was freed
@@ -193,14 +192,6 @@ def _names(items: tuple[str, ...], limit: int = 6) -> str:
         return "nothing"
     shown = ", ".join(items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
-
-
-WIDTH = 80  # columns: a notebook's output is wider than this, with its prompt and sidebars
-
-
-def _fill(part: str) -> str:
-    """Wrap one part of a report at spaces within ``WIDTH`` columns, later lines indented."""
-    return textwrap.fill(part, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def report_text(
@@ -288,19 +279,10 @@ def run_steps(plan: holders.Plan, patch: bool, start: float, dry_run: bool) -> C
     after = backends.allocated()
     freed = {name: held - after[name] for name, held in held_before.items() if name in after}
     allocator, allocator_freed = next(iter(freed.items()), (None, None))
-    return CleanupReport(
-        dropped=dropped,
-        kept=kept,
-        not_freed=not_freed,
-        freed_bytes=rss_before - read_ram().rss_bytes,
-        allocator_freed_bytes=allocator_freed,
-        allocator_backend=allocator,
-        released=tuple(released),
-        elapsed_s=time.perf_counter() - start,
-        notes=tuple(notes),
-        stale_models=stale_models,
-        steps=tuple(timings),
-    )
+    freed_bytes, elapsed = rss_before - read_ram().rss_bytes, time.perf_counter() - start
+    return CleanupReport(dropped, kept, not_freed, freed_bytes, allocator_freed, allocator,
+                         tuple(released), elapsed, False, tuple(notes), stale_models,
+                         tuple(timings))  # fmt: skip
 
 
 def _weak(found: Iterable[tuple[str, Any]]) -> list[tuple[str, weakref.ref[Any]]]:

@@ -31,7 +31,6 @@ import numbers
 import operator
 import random
 import sys
-import textwrap
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,6 +42,7 @@ from kerasmagic.backends.oom import find_oom
 from kerasmagic.cleanup.loops import Freezer
 from kerasmagic.compat.registry import works
 from kerasmagic.interrupts.held import held_interrupts
+from kerasmagic.units import fill as _wrapped
 from kerasmagic.units import fmt_bytes
 
 PROBES = (16, 64)  # the two small batch sizes measured
@@ -452,11 +452,6 @@ def _check(
 
 def _mb(limit_mb: float | None) -> int | None:
     return None if limit_mb is None else int(limit_mb * 2**20)
-
-
-def _wrapped(line: str) -> str:
-    """One sentence, wrapped at spaces within 80 columns: a notebook breaks inside words."""
-    return textwrap.fill(line, 80, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def _said(prediction: FitPrediction, verbose: bool) -> FitPrediction:
