@@ -327,9 +327,13 @@ finally:
 """
 
 
+STATE = "[reached, repr(sys.gettrace()), repr(sys.getprofile()), repr(signal.getsignal(2))]"
+
+
 def test_ctrl_c_lost_in_a_gc_callback_stops_a_kernel_cell(client: Any) -> None:
     content, text = kernel_run(client, INTERRUPT_IN_GC_CALLBACK)
-    assert content["status"] == "error" and content["ename"] == "KeyboardInterrupt", text
+    said = f"{text!r}; reached, tracer, profiler, handler: {kernel_value(client, STATE)}"
+    assert content["status"] == "error" and content["ename"] == "KeyboardInterrupt", said
     assert "Exception ignored" not in text and "kerasmagic" not in text
     assert kernel_value(client, "reached") is False
 

@@ -19,6 +19,7 @@ model, opt = fresh_pair()
 for _ in range(2):
     loss = float(train_step(model, opt, x, y))
 """
+IN_USE = "tf.config.experimental.get_memory_info('CPU:0')['current']"
 
 
 def _functions() -> int:
@@ -128,17 +129,56 @@ def test_a_step_that_builds_its_optimizer_inside_keeps_no_earlier_model(
     """TensorFlow keeps the first call's variable initializers in a closure for the
     Function's life: re-run, the cell kept the previous model and its Adam slots until the
     next re-run, and the last ones for good (TF's gradient registry held their graph)."""
-    in_use = "tf.config.experimental.get_memory_info('CPU:0')['current']"
     run(kip, "import gc\ngc.collect()")
-    start = run(kip, in_use)
+    start = run(kip, IN_USE)
     after = []
     for _ in range(4):
         run(kip, INLINE_STEP)
-        after.append(run(kip, "gc.collect() * 0 + " + in_use))
+        after.append(run(kip, "gc.collect() * 0 + " + IN_USE))
     assert after[0] == after[1] == after[2] == after[3], after  # one model and its optimizer
     run(kip, "%%fresh_model -q\nm = opt = step = None")
-    assert run(kip, "gc.collect() * 0 + " + in_use) == start
+    assert run(kip, "gc.collect() * 0 + " + IN_USE) == start
     assert math.isfinite(kip.user_ns["loss"])
+
+
+GLOBAL_STEP = """
+@tf.function
+def gstep(xb, yb):  # reads the model and optimizer a later cell binds
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(yb, gm(xb), True))
+    grads = tape.gradient(loss, gm.trainable_variables)
+    gopt.apply_gradients(zip(grads, gm.trainable_variables))
+    return loss
+"""
+GLOBAL_MODEL = """%%fresh_model -q
+gm = keras.Sequential([keras.Input((20,)), keras.layers.Dense(8), keras.layers.Dense(2)])
+gopt = keras.optimizers.Adam()  # its slots are made inside gstep's first trace
+before = [w.numpy().copy() for w in gm.trainable_variables]
+loss = float(gstep(x, y))
+moved = all((w.numpy() != b).any() for w, b in zip(gm.trainable_variables, before))
+"""
+
+
+def test_a_step_from_an_earlier_cell_trains_each_re_runs_new_model(kip: InteractiveShell) -> None:
+    """The custom-loop notebook: a ``tf.function`` step in one cell reads the globals ``gm``
+    and ``gopt``, whose slots its first call makes; the model cell is re-run. Without
+    kerasmagic the re-run's step runs its old trace and trains the old model, leaving the new
+    one as built. With the old traces cleared but the first call's state kept, TensorFlow
+    refused the new optimizer's slots: "tf.function only supports singleton tf.Variables
+    created on the first call". Every trace held dropped models, so the step starts again as
+    on its first call: each re-run trains its own model."""
+    run(kip, GLOBAL_STEP + "import gc")
+    traces, in_use = [], []
+    for _ in range(3):
+        run(kip, GLOBAL_MODEL)
+        assert kip.user_ns["moved"] is True
+        assert int(kip.user_ns["gopt"].iterations.numpy()) == 1
+        traces.append(len(kip.user_ns["gstep"]._list_all_concrete_functions()))
+        in_use.append(run(kip, "gc.collect() * 0 + " + IN_USE))
+    assert traces[0] == traces[1] == traces[2], traces  # the live model's only
+    assert in_use[0] == in_use[1] == in_use[2], in_use  # and its tensors
+    run(kip, "loss2 = float(gstep(x, y))")  # a later call runs the live trace
+    assert int(kip.user_ns["gopt"].iterations.numpy()) == 2
 
 
 def test_function_in_a_container_or_called_by_a_user_function(kip: InteractiveShell) -> None:

@@ -105,6 +105,9 @@ def modes(_: Any) -> str | None:
     return None if hasattr(local, "is_eager") else "moved context()._thread_local_data.is_eager"
 
 
+FIRST_CALL_STATE = "_created_variables", "_variable_creation_config", "_no_variable_creation_config"
+
+
 def traces(_: Any) -> str | None:
     function: Any = getattr(module(FUNCTION), "Function", None)
     cache: Any = getattr(sys.modules.get(CACHE), "FunctionCache", None)
@@ -113,7 +116,7 @@ def traces(_: Any) -> str | None:
     delete = getattr(cache, "delete", None)
     return (
         traced_graphs(None)
-        or uses(vars(function).get("__init__"), "_variable_creation_config", "_lock")
+        or uses(vars(function).get("__init__"), *FIRST_CALL_STATE, "_lock")
         or params(delete, "FunctionCache.delete", "function_type", "context")
         or uses(vars(cache).get("__init__"), "_primary")
     )

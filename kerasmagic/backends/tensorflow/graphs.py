@@ -227,6 +227,14 @@ def _drop(fn: Any, cache: Any, stale_ids: set[int]) -> int:
         if cached or _is_stale(first, stale_ids):
             fn._concrete_variable_creation_fn = None  # read only during the first call
             dropped += not cached
+    if dropped and not cache._primary and getattr(fn, "_created_variables", None):
+        # Every trace held dropped models, and the first call made variables (an optimizer's
+        # slots, built inside the step): start again as never called, as the step's own cell
+        # re-run would. Kept, the next trace may not make the new optimizer's slots
+        # ("tf.function only supports singleton tf.Variables created on the first call").
+        fn._created_variables = fn._concrete_variable_creation_fn = None
+        fn._variable_creation_config = fn._no_variable_creation_config = None
+        return dropped
     # The list of (variable, initial value) the first call's variable creator fills: TensorFlow
     # keeps it in a closure of the first call's tracing options for the Function's life, so the
     # variables that call created (an optimizer's slots, built inside the step) and the model
