@@ -19,6 +19,7 @@ from conftest import kernel_run, kernel_value, real_kernel
 
 import kerasmagic
 from kerasmagic.oom.batch import FitPrediction
+from kerasmagic.units import fmt_bytes
 
 CAPPED = r"""
 import json, os, random
@@ -261,6 +262,12 @@ def test_with_room_for_one_probe_the_first_step_is_the_lines_other_end() -> None
     none = _predicted({0: [first]}, 4096, meter, 0.9, (), 1.0)  # type: ignore[dict-item]
     assert none.peak_bytes is None and none.fits is None
     assert "one step of batch 64 peaked at 97.4 MB): it may run out" in flat(none.message)
+    # A cell ending in predict_fit(...) shows the repr under the printed line: the figures, once.
+    assert repr(said) == (
+        f"FitPrediction(batch 4096: peak {fmt_bytes(said.peak_bytes)} on CPU:0, limit 160.0 MB, "
+        f"does not fit; largest batch {said.largest_batch})"
+    )
+    assert repr(none) == "FitPrediction(batch 4096: not predicted)"
 
 
 def flat(text: str) -> str:

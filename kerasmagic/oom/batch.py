@@ -333,7 +333,7 @@ NAMED = 0.9  # the batch named as fitting keeps this share of the margin's budge
 # again from probes of its own size, one named from batch 12288 came out 3% past the margin
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class FitPrediction:
     """A fit's peak on its device, predicted before it runs (``peak_bytes`` None: not known).
 
@@ -362,6 +362,18 @@ class FitPrediction:
 
     def __str__(self) -> str:
         return self.message
+
+    def __repr__(self) -> str:
+        """The figures in one line (a cell that ends in ``predict_fit(...)`` shows it under the
+        printed line), not the message again."""
+        if self.peak_bytes is None:
+            return f"FitPrediction(batch {self.batch_size}: not predicted)"
+        verdict = {True: "fits", False: "does not fit", None: "limit not known"}[self.fits]
+        return (
+            f"FitPrediction(batch {self.batch_size}: peak {fmt_bytes(self.peak_bytes)} on "
+            f"{self.device}, limit {fmt_bytes(self.limit_bytes)}, {verdict}; largest batch "
+            f"{self.largest_batch})"
+        )
 
 
 def predict_fit(
