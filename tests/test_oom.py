@@ -329,8 +329,10 @@ def test_the_batch_finder_says_why_it_cannot_measure(
     if "torch" not in sys.modules or not sys.modules["torch"].cuda.is_initialized():
         said = batch.measure_batch(model, x).message
         assert "PyTorch keeps no allocator figures on the CPU" in said
-    with pytest.raises(ValueError, match="needs a compiled Keras model"):
+    with pytest.raises(ValueError, match=r"needs a compiled Keras model: call model\.compile"):
         batch.measure_batch(run(kip, "keras.Sequential([keras.layers.Dense(2)])"), x)
+    with pytest.raises(ValueError, match=r"needs a compiled Keras model, not a str$"):
+        batch.measure_batch("model", x)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="margin must be in"):
         batch.measure_batch(model, x, margin=1.5)
 

@@ -211,7 +211,7 @@ def test_datasets_are_predicted_at_their_own_batch(capped: dict[str, Any]) -> No
         assert f"fit of batch {batch} will peak" in flat(p["message"])
         assert "set_inter_op_parallelism_threads(1)" in flat(p["message"])  # TF's default: 0
         assert max(b for b, _ in p["probes"]) == batch // 2
-    assert "rebatched to probe" in flat(capped["dataset"]["message"])
+    assert "The tf.data.Dataset is rebatched to probe" in flat(capped["dataset"]["message"])
     tiny = capped["tiny"]
     assert tiny["peak"] is None and "a batch under 4 is as small as a probe" in flat(
         tiny["message"]

@@ -458,7 +458,9 @@ def _check(
         or not (math.isfinite(limit_mb) and limit_mb > 0)
     ):
         raise ValueError(f"limit_mb must be a positive number of megabytes, not {limit_mb!r}")
-    if getattr(model, "optimizer", None) is None or not callable(getattr(model, method, None)):
+    if not callable(getattr(model, method, None)):
+        raise ValueError(f"{caller} needs a compiled Keras model, not a {type(model).__name__}")
+    if getattr(model, "optimizer", None) is None:
         raise ValueError(f"{caller} needs a compiled Keras model: call model.compile() first")
 
 
@@ -495,7 +497,7 @@ def _fit_inputs(
         return None, lambda b: {}, notes
     if kind == "dataset":
         batch = _rows(next(iter(x))[0] if _is_pair(x) else next(iter(x)))
-        notes.append("tf.data: rebatched to probe; buffers that grow with time are not seen")
+        notes.append("the tf.data.Dataset is rebatched to probe: buffers that grow are not seen")
         train: ProbeArgs = lambda b: {"x": x.unbatch().batch(b)}  # noqa: E731
     elif kind == "pydataset":
         first = x[0]
