@@ -211,11 +211,17 @@ def report_text(
         label = "TF" if name == "tensorflow" else backends.LABELS.get(name or "", name)
         parts.append(_split(f"{label} tensors", net, -freed))
     if report.dropped:
-        names = dict.fromkeys(label.split(" (")[0] for label in report.dropped)
-        parts.append(f"dropped {_names(tuple(names), 2)}")
-    if report.not_freed:
-        parts.append(f"NOT freed: {_names(report.not_freed)}")
+        parts.append(f"dropped {_short(report.dropped)}")
+    if len(report.not_freed) == 1:
+        parts.append(f"NOT freed: {report.not_freed[0]}")  # what holds it, said whole
+    elif report.not_freed:  # what holds each is the detail's
+        parts.append(f"NOT freed: {len(report.not_freed)} models, {_short(report.not_freed)}")
     return "; ".join(parts)
+
+
+def _short(labels: tuple[str, ...]) -> str:
+    """The first two of ``labels``' names, without their descriptions, and how many more."""
+    return _names(tuple(dict.fromkeys(label.split(" (")[0] for label in labels)), 2)
 
 
 def _split(what: str, net: int, cleanup: int) -> str:
