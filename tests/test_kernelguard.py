@@ -332,8 +332,10 @@ STATE = "[reached, repr(sys.gettrace()), repr(sys.getprofile()), repr(signal.get
 
 def test_ctrl_c_lost_in_a_gc_callback_stops_a_kernel_cell(client: Any) -> None:
     content, text = kernel_run(client, INTERRUPT_IN_GC_CALLBACK)
-    said = f"{text!r}; reached, tracer, profiler, handler: {kernel_value(client, STATE)}"
-    assert content["status"] == "error" and content["ename"] == "KeyboardInterrupt", said
+    if content["status"] != "error":  # seen once in CI (3.13), not here: say what the kernel had
+        pytest.fail(f"ran on ({text!r}); reached, tracer, profiler, handler: "
+                    f"{kernel_value(client, STATE)}")  # fmt: skip
+    assert content["ename"] == "KeyboardInterrupt", text
     assert "Exception ignored" not in text and "kerasmagic" not in text
     assert kernel_value(client, "reached") is False
 
