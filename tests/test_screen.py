@@ -117,19 +117,19 @@ def test_the_line_adds_up_the_cleanup_and_the_cell_to_the_badges_figure() -> Non
     assert quiet == "RSS 0 B (cleanup 0 B, the cell 0 B)", quiet  # as the badge writes 0
 
 
-def test_models_not_freed_are_counted_on_the_line_and_their_holders_left_to_the_detail() -> None:
-    """A cell that failed inside a trace left five models held through ``sys.last_value``:
-    the line listed each with its holders, 800 characters. One is said whole; several are
-    counted and named, their holders in the detail."""
+def test_what_was_not_freed_is_counted_on_the_line_and_its_holders_left_to_the_detail() -> None:
+    """A cell that failed inside a trace left five variables of its model held through
+    ``sys.last_value``: the line listed each with its holders, 800 characters. One survivor is
+    said whole; several are counted and named, their holders in the detail."""
     held = "(held by a list outside the namespace, a dict outside the namespace)"
     five = tuple(f"sys.last_value (frame {i}: variable) {held}" for i in range(5))
     record = FakeRecord(KB, KB, {"tensorflow": 0})
     line = report_text(report(not_freed=five), 0, 0, record, 0)
-    assert line.endswith("; dropped model; NOT freed: 5 models, sys.last_value"), line
+    assert line.endswith("; dropped model; NOT freed: 5 objects, sys.last_value"), line
     assert held in report(not_freed=five).summary()
     two = ("ens[0] (held by a function closure)", "ens[1] (held by a function closure)")
     assert report_text(report(not_freed=two), 0, 0, record, 0).endswith(
-        "NOT freed: 2 models, ens[0], ens[1]"
+        "NOT freed: 2 objects, ens[0], ens[1]"
     )
     one = report_text(report(not_freed=two[:1]), 0, 0, record, 0)
     assert one.endswith("NOT freed: ens[0] (held by a function closure)"), one

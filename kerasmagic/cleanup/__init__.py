@@ -215,7 +215,7 @@ def report_text(
     if len(report.not_freed) == 1:
         parts.append(f"NOT freed: {report.not_freed[0]}")  # what holds it, said whole
     elif report.not_freed:  # what holds each is the detail's
-        parts.append(f"NOT freed: {len(report.not_freed)} models, {_short(report.not_freed)}")
+        parts.append(f"NOT freed: {len(report.not_freed)} objects, {_short(report.not_freed)}")
     return "; ".join(parts)
 
 
