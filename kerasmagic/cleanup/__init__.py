@@ -287,8 +287,8 @@ def run_steps(plan: holders.Plan, patch: bool, start: float, dry_run: bool) -> C
     allocator, allocator_freed = next(iter(freed.items()), (None, None))
     freed_bytes, elapsed = rss_before - read_ram().rss_bytes, time.perf_counter() - start
     return CleanupReport(dropped, kept, not_freed, freed_bytes, allocator_freed, allocator,
-                         tuple(released), elapsed, False, tuple(notes), stale_models,
-                         tuple(timings))  # fmt: skip
+                         tuple(released), elapsed, notes=tuple(notes), stale_models=stale_models,
+                         steps=tuple(timings))  # fmt: skip
 
 
 def _weak(found: Iterable[tuple[str, Any]]) -> list[tuple[str, weakref.ref[Any]]]:

@@ -42,8 +42,7 @@ from kerasmagic.backends.oom import find_oom
 from kerasmagic.cleanup.loops import Freezer
 from kerasmagic.compat.registry import works
 from kerasmagic.interrupts.held import held_interrupts
-from kerasmagic.units import fill as _wrapped
-from kerasmagic.units import fmt_bytes
+from kerasmagic.units import fill, fmt_bytes
 
 PROBES = (16, 64)  # the two small batch sizes measured
 TRIES = 10  # measured steps after the two probes, at most (doubling from 64: 4096 by 6)
@@ -106,7 +105,7 @@ def measure_batch(
     _check(model, margin, limit_mb, "find_batch_size", "train_on_batch")
     meter = device_meter(_mb(limit_mb))
     if isinstance(meter, str):
-        return BatchFit(None, _wrapped(f"kerasmagic: {meter}: no batch size measured"))
+        return BatchFit(None, fill(f"kerasmagic: {meter}: no batch size measured"))
     samples, max_batch = _rows(x), _whole("max_batch", max_batch)
     cap = min(samples, max_batch) if max_batch else samples
     with _kept(model), _quiet(), _young_only():  # each probe's new shape retraces: not news
@@ -121,9 +120,7 @@ def _search(model: Any, x: Any, y: Any, meter: Meter, cap: int, margin: float) -
         peak = _step(model, x, y, batch, meter)
         if peak is None:
             why = f"even a batch of {batch} runs out of memory on {meter.device}"
-            return BatchFit(
-                0, _wrapped(f"kerasmagic: {why}: free memory first (kerasmagic.reset())")
-            )
+            return BatchFit(0, fill(f"kerasmagic: {why}: free memory first (kerasmagic.reset())"))
         peaks[batch] = peak
     prev, best, ooms = small, large, 0
     for _ in range(TRIES if peaks[large] <= budget else 0):
@@ -163,13 +160,13 @@ def _verdict(
     if not fitting:
         lines.append(f"kerasmagic: no batch of {low} or more fits in {fmt_bytes(budget)}: free "
                      "memory first (kerasmagic.reset()), or make the model smaller")  # fmt: skip
-        return BatchFit(0, "\n".join(map(_wrapped, lines)), meter.limit_bytes)
+        return BatchFit(0, "\n".join(map(fill, lines)), meter.limit_bytes)
     best = max(fitting)
     why = f"all {cap} samples; " if best == cap else ""
     tail = f"; {ooms} out-of-memory error on the way" if ooms else ""
     lines.append(f"kerasmagic: batch {best} fits ({why}one step peaked at "
                  f"{fmt_bytes(peaks[best])}{tail})")  # fmt: skip
-    return BatchFit(best, "\n".join(map(_wrapped, lines)), meter.limit_bytes)
+    return BatchFit(best, "\n".join(map(fill, lines)), meter.limit_bytes)
 
 
 def _next_guess(peaks: Mapping[int, int], a: int, b: int, budget: int, cap: int) -> int:
@@ -428,7 +425,7 @@ def predict_fit(
             notes.append(PARALLEL)
     if batch is None or not isinstance(meter, Meter):
         why = notes.pop() if batch is None else f"cannot predict on this backend here: {meter}"
-        message = _wrapped(f"kerasmagic: {why}")
+        message = fill(f"kerasmagic: {why}")
         return _said(FitPrediction(batch, None, None, margin=margin, message=message), verbose)
     fixed = dict(validation_split=validation_split, shuffle=shuffle, class_weight=class_weight,
                  sample_weight=sample_weight)  # fmt: skip
@@ -768,7 +765,7 @@ def _predicted(
             why = (f"too little room below the limit to probe (one step of batch {_warm(batch)} "
                    f"peaked at {fmt_bytes(max(phases[0][0]))}): it may run out")  # fmt: skip
         why = "a batch under 4 is as small as a probe: run it" if batch < 4 else why
-        return replace(base, message=_wrapped(f"kerasmagic: cannot predict the fit of batch "
+        return replace(base, message=fill(f"kerasmagic: cannot predict the fit of batch "
                                               f"{batch} on {meter.device}: {why}"))  # fmt: skip
     fixed = max(max(p) if b == 0 else p[0] for b, runs in phases.items() for p in runs)
     small, large = sizes[0], sizes[-1]
@@ -792,7 +789,7 @@ def _predicted(
                  "find_batch_size measures the batch that fits with real steps")  # fmt: skip
     notes = (*notes, f"predicted in {seconds:.1f} s")
     said = "; ".join(notes)
-    message = _wrapped(
+    message = fill(
         f"kerasmagic: fit of batch {batch} will peak at ~{fmt_bytes(peak)} on {meter.device}, "
         f"limit {fmt_bytes(meter.limit_bytes)} ({meter.limit_source}): {verdict}. "
         f"{said[:1].upper()}{said[1:]}."
@@ -852,7 +849,7 @@ def _predicted_fit(fit: Callable[..., Any], margin: float) -> Callable[..., Any]
             said = prediction.message
         except Exception as error:
             prediction = None
-            said = _wrapped(f"kerasmagic: this fit was not predicted ({type(error).__name__}: "
+            said = fill(f"kerasmagic: this fit was not predicted ({type(error).__name__}: "
                             f"{error}); it runs as written")  # fmt: skip
         finally:
             _predicting = False
