@@ -47,13 +47,26 @@ WRAPPED_JS = """(pre) => { const out = [];
   return out; }"""
 
 
-def wraps_between_words(page: Any, line: Any) -> None:
-    """At widths where ``line`` wraps, no word of it is split over two lines."""
+SET_WIDTH_JS = "(el, w) => { el.parentElement.style.width = `${w}px`; }"
+
+
+def wraps_between_words(line: Any) -> None:
+    """Where ``line`` must wrap, no word of it is split over two lines.
+
+    The box the line is in is sized from the line's own one-line width, so the line wraps
+    whatever the fonts and the frontend's responsive layout at a window width make of it.
+    """
     assert line.evaluate("el => getComputedStyle(el).wordBreak") == "normal"
-    for width in (560, 640, 720):
-        page.set_viewport_size({"width": width, "height": 900})
-        assert line.evaluate(LINES_JS) >= 2, f"the line must be long enough to wrap at {width}"
-        assert line.evaluate(SPLIT_WORDS_JS) == [], (width, line.inner_text())
+    one_line = line.evaluate(
+        "el => { el.parentElement.style.width = 'max-content';"
+        " return el.getBoundingClientRect().width; }"
+    )
+    assert line.evaluate(LINES_JS) == 1 and one_line > 200, one_line
+    for fraction in (0.4, 0.6, 0.8):
+        line.evaluate(SET_WIDTH_JS, one_line * fraction)
+        assert line.evaluate(LINES_JS) >= 2, f"the line must wrap at {fraction:.0%} of its width"
+        assert line.evaluate(SPLIT_WORDS_JS) == [], (fraction, line.inner_text())
+    line.evaluate("el => { el.parentElement.style.width = ''; }")
 
 
 def test_the_report_line_and_summary_wrap_between_words_in_jupyterlab(
@@ -79,7 +92,7 @@ def test_the_report_line_and_summary_wrap_between_words_in_jupyterlab(
     assert figure is not None and line.inner_text().startswith(f"kerasmagic: {figure[0]} ")
 
     # The report line wraps at any width, between words; its detail is one click away.
-    wraps_between_words(page, line)
+    wraps_between_words(line)
     detail = cell.locator(".kerasmagic-line")
     assert "freed" not in detail.inner_text()  # closed: the line alone
     line.click()
@@ -101,6 +114,6 @@ def test_the_report_line_wraps_between_words_in_classic_notebook(
         run_classic(page, index)
     line = page.locator("#notebook-container .cell").nth(2).locator(LINE)
     assert line.inner_text().startswith("kerasmagic: RSS ")
-    wraps_between_words(page, line)
+    wraps_between_words(line)
     printed = page.locator("#notebook-container .cell").nth(3).locator(".output_area pre")
     assert "dropped model" in printed.inner_text()
