@@ -270,6 +270,38 @@ def test_with_room_for_one_probe_the_first_step_is_the_lines_other_end() -> None
     assert repr(none) == "FitPrediction(batch 4096: not predicted)"
 
 
+def test_the_largest_batch_named_is_at_most_the_training_samples() -> None:
+    """Recorded on an uncapped CPU: a 64-256-1 model's fit of 4,096 rows at 512 was named a
+    largest batch of 9,223,967 against 21.7 GB of host RAM. A batch past the training samples
+    is all of them, so the name stops there; a dataset's own size is not known, so it does not."""
+    from kerasmagic.oom.batch import Meter, _fit_inputs, _predicted
+
+    kb = 2**10
+    meter = Meter("CPU:0", lambda: None, lambda: 0, 21 * 2**30, "host RAM available")
+    small = tuple(int(v * kb) for v in (40, 300, 0, 20, 0))
+    large = tuple(int(v * kb) for v in (40, 420, 0, 20, 0))
+    runs = {0: [small], 64: [small], 256: [large]}
+    rows = np.zeros((4096, 4), "float32")
+    samples = _fit_inputs(rows, rows, 512, None, None, 0.25)[1]
+    assert samples == 3072  # what validation_split leaves
+    said = _predicted(runs, 512, meter, 0.9, (), 1.0, samples)  # type: ignore[arg-type]
+    assert said.fits is True and said.largest_batch == 3072
+    assert repr(said).endswith("fits; largest batch 3072)")
+    unknown = _predicted(runs, 512, meter, 0.9, (), 1.0)  # type: ignore[arg-type]
+    assert unknown.largest_batch is not None and unknown.largest_batch > 10**6
+
+
+def test_on_a_cpu_without_tfs_bfc_allocator_the_line_says_what_its_figure_misses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC", raising=False)
+    x = np.random.rand(256, 4).astype("float32")
+    said = kerasmagic.predict_fit(_compiled(), x, x[:, :2], batch_size=64, verbose=False)
+    assert "CPU:0's allocator misses tensors under 256 KB; set TF_CPU_ALLOCATOR_USE_BFC=true" in (
+        flat(said.message)
+    )
+
+
 def flat(text: str) -> str:
     return " ".join(text.split())
 

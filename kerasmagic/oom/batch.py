@@ -335,7 +335,8 @@ class FitPrediction:
     """A fit's peak on its device, predicted before it runs (``peak_bytes`` None: not known).
 
     ``probes`` are the (batch, allocator peak) pairs measured; ``largest_batch`` is the largest
-    batch whose predicted peak stays within ``margin`` of the limit; ``notes`` say what the
+    batch whose predicted peak stays within ``margin`` of the limit (with arrays, at most the
+    training samples: a batch past them is all of them); ``notes`` say what the
     prediction cannot see. ``str()`` is the one line a notebook shows.
     """
 
@@ -411,8 +412,9 @@ def predict_fit(
     for name, count in counts.items():  # checked as fit would; none moves the peak
         _whole(name, count)
     _check(model, margin, limit_mb, "predict_fit")
-    batch, probe_args, notes = _fit_inputs(x, y, batch_size, validation_data, validation_batch_size,
-                                           validation_split)  # fmt: skip
+    batch, samples, probe_args, notes = _fit_inputs(
+        x, y, batch_size, validation_data, validation_batch_size, validation_split
+    )
     if callbacks:
         notes.append("callbacks not run: what they allocate is not counted")
     meter = None if batch is None else device_meter(_mb(limit_mb))
@@ -420,7 +422,7 @@ def predict_fit(
         from kerasmagic.backends.tensorflow import cpu_uncounted
 
         if uncounted := cpu_uncounted():
-            notes.append(f"CPU:0's figures {uncounted}")
+            notes.append(f"CPU:0's allocator {uncounted}")
         if sys.modules["tensorflow"].config.threading.get_inter_op_parallelism_threads() != 1:
             notes.append(PARALLEL)
     if batch is None or not isinstance(meter, Meter):
@@ -439,7 +441,7 @@ def predict_fit(
     if oom:
         notes.append(f"a probe of batch {oom} ran out of memory")
     prediction = _predicted(peaks, batch, meter, margin, tuple(notes),
-                            time.perf_counter() - started)  # fmt: skip
+                            time.perf_counter() - started, samples)  # fmt: skip
     return _said(prediction, verbose)
 
 
@@ -477,8 +479,9 @@ ProbeArgs = Callable[[int], dict[str, Any]]
 def _fit_inputs(
     x: Any, y: Any, batch_size: int | None, validation: Any, validation_batch: int | None,
     split: float = 0.0,
-) -> tuple[int | None, ProbeArgs, list[str]]:  # fmt: skip
-    """Return the batch predicted, ``fit``'s arguments for a probe of ``b``, and the notes.
+) -> tuple[int | None, int | None, ProbeArgs, list[str]]:  # fmt: skip
+    """Return the batch predicted, the training samples (arrays only: a batch past them is
+    all of them), ``fit``'s arguments for a probe of ``b``, and the notes.
 
     Arrays are probed whole at a smaller ``batch_size``; a ``tf.data.Dataset`` rebatched; a
     ``PyDataset`` through its first batch, cut. A generator cannot be probed without using it
@@ -487,11 +490,11 @@ def _fit_inputs(
     batch_size = _whole("batch_size", batch_size)
     validation_batch = _whole("validation_batch_size", validation_batch)
     notes: list[str] = []
-    kind = _kind(x)
+    kind, samples = _kind(x), None
     if kind == "generator":
         notes.append("a generator cannot be probed without using it up: pass arrays, a "
                      "tf.data.Dataset or a keras.utils.PyDataset to predict its fit")  # fmt: skip
-        return None, lambda b: {}, notes
+        return None, None, lambda b: {}, notes
     if kind == "dataset":
         batch = _rows(next(iter(x))[0] if _is_pair(x) else next(iter(x)))
         notes.append("the tf.data.Dataset is rebatched to probe: buffers that grow are not seen")
@@ -503,7 +506,8 @@ def _fit_inputs(
     else:
         rows = _rows(x)  # less what validation_split takes, as fit splits them
         split = split if isinstance(split, float | int) and 0 < split < 1 else 0
-        batch = min(batch_size or 32, math.floor(rows * (1 - split)) or rows)
+        samples = math.floor(rows * (1 - split)) or rows
+        batch = min(batch_size or 32, samples)
         train = lambda b: {"x": x, "y": y, "batch_size": b}  # noqa: E731
     share = (validation_batch or batch) / batch
     if _kind(validation) == "dataset":
@@ -512,7 +516,7 @@ def _fit_inputs(
     else:
         valid = lambda b: {"validation_data": validation,  # noqa: E731
                            "validation_batch_size": max(1, round(b * share))}  # fmt: skip
-    return batch, lambda b: {**train(b), **valid(b), "validation_steps": 1}, notes
+    return batch, samples, lambda b: {**train(b), **valid(b), "validation_steps": 1}, notes
 
 
 def _kind(data: Any) -> str:
@@ -739,7 +743,7 @@ def _callback_class(model: Any) -> type:
 
 def _predicted(
     phases: Mapping[int, list[Phases]], batch: int, meter: Meter, margin: float,
-    notes: tuple[str, ...], seconds: float,
+    notes: tuple[str, ...], seconds: float, samples: int | None = None,
 ) -> FitPrediction:  # fmt: skip
     """Extend each phase's line through the smallest and largest probes to ``batch``.
 
@@ -778,6 +782,8 @@ def _predicted(
         peak = max(peak, int(top + slope * (batch - large)), top)
         if largest is not None and slope > 0:  # named with the probes' worst case, as they ran
             largest = min(largest, int(large + (budget * NAMED - top) / (GROWTH * slope)))
+    if largest is not None and samples:  # a batch past the training samples is all of them
+        largest = min(largest, samples)
     largest = None if largest is None or largest < 1 or largest == 10**9 else largest
     fits = peak <= budget
     verdict = "fits" if fits else f"too big for {margin:.0%} of it"
