@@ -289,6 +289,14 @@ def test_the_largest_batch_named_is_at_most_the_training_samples() -> None:
     assert repr(said).endswith("fits; largest batch 3072)")
     unknown = _predicted(runs, 512, meter, 0.9, (), 1.0)  # type: ignore[arg-type]
     assert unknown.largest_batch is not None and unknown.largest_batch > 10**6
+    # No growth measured (a dataset's fit): any batch fits, and the repr names none (it said
+    # "largest batch None"); what is fixed past the limit: no batch fits.
+    flat_runs = {0: [small], 64: [small], 256: [small]}
+    anyway = _predicted(flat_runs, 512, meter, 0.9, (), 1.0)  # type: ignore[arg-type]
+    assert anyway.largest_batch is None and repr(anyway).endswith(", fits)")
+    tiny = Meter("CPU:0", lambda: None, lambda: 0, 100 * kb, "given")
+    none = _predicted(runs, 512, tiny, 0.9, (), 1.0)  # type: ignore[arg-type]
+    assert none.largest_batch is None and repr(none).endswith("does not fit; no batch fits)")
 
 
 def test_on_a_cpu_without_tfs_bfc_allocator_the_line_says_what_its_figure_misses(

@@ -367,10 +367,13 @@ class FitPrediction:
         if self.peak_bytes is None:
             return f"FitPrediction(batch {self.batch_size}: not predicted)"
         verdict = {True: "fits", False: "does not fit", None: "limit not known"}[self.fits]
+        if self.largest_batch:
+            verdict += f"; largest batch {self.largest_batch}"
+        elif self.fits is False:
+            verdict += "; no batch fits"
         return (
             f"FitPrediction(batch {self.batch_size}: peak {fmt_bytes(self.peak_bytes)} on "
-            f"{self.device}, limit {fmt_bytes(self.limit_bytes)}, {verdict}; largest batch "
-            f"{self.largest_batch})"
+            f"{self.device}, limit {fmt_bytes(self.limit_bytes)}, {verdict})"
         )
 
 
