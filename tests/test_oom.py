@@ -291,13 +291,19 @@ def test_the_block_follows_an_oom_cell_only_and_goes_with_unload(
 
 # -- the batch that fits ----------------------------------------------------------------------
 def test_the_batch_finder_takes_every_sample_when_they_all_fit(
-    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run(kip, "import kerasmagic\nm = build()\nw0 = [w.copy() for w in m.get_weights()]")
+    monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC", raising=False)
     assert run(kip, "kerasmagic.find_batch_size(m, x, y)") == 256  # x holds 256 samples
     out = " ".join(capsys.readouterr().out.split())  # lines wrap within 80 columns
     assert "kerasmagic: batch 256 fits (all 256 samples; one step peaked at" in out
     assert "train steps on CPU:0, batch 16 to 256" in out
+    # TF's CPU allocator without BFC skips small tensors: its "peak 0 B" is said to miss them
+    assert "kerasmagic: CPU:0's allocator misses tensors under 256 KB; set" in out
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    assert run(kip, "kerasmagic.find_batch_size(m, x, y)") == 256
+    assert "misses tensors" not in capsys.readouterr().out
     assert run(kip, "all((a == b).all() for a, b in zip(w0, m.get_weights()))")
     assert run(kip, "int(m.optimizer.iterations.numpy())") == 0  # the probes' steps were undone
     assert run(kip, "m.train_function") is None  # their traces are dropped

@@ -109,7 +109,10 @@ def measure_batch(
     samples, max_batch = _rows(x), _whole("max_batch", max_batch)
     cap = min(samples, max_batch) if max_batch else samples
     with _kept(model), _quiet(), _young_only():  # each probe's new shape retraces: not news
-        return _search(model, x, y, meter, cap, margin)
+        found = _search(model, x, y, meter, cap, margin)
+    if missed := _uncounted(meter):
+        found = replace(found, message=f"{found.message}\n{fill(f'kerasmagic: {missed}')}")
+    return found
 
 
 def _search(model: Any, x: Any, y: Any, meter: Meter, cap: int, margin: float) -> BatchFit:
@@ -214,6 +217,20 @@ def device_meter(limit_bytes: int | None = None) -> Meter | str:
             return "JAX keeps no allocator figures on the CPU"
         return "JAX's allocator peak cannot be reset, so one train step cannot be measured"
     return f"Keras backend {backend!r} keeps no allocator figures kerasmagic reads"
+
+
+def _tf_cpu(meter: Meter) -> bool:
+    return meter.device == "CPU:0" and _keras_backend() == "tensorflow"
+
+
+def _uncounted(meter: Meter) -> str | None:
+    """What the meter's figures miss: TF's CPU allocator, unless BFC, skips small tensors."""
+    if not _tf_cpu(meter):
+        return None
+    from kerasmagic.backends.tensorflow import cpu_uncounted
+
+    uncounted = cpu_uncounted()
+    return f"CPU:0's allocator {uncounted}" if uncounted else None
 
 
 def _keras_backend() -> str:
@@ -421,11 +438,9 @@ def predict_fit(
     if callbacks:
         notes.append("callbacks not run: what they allocate is not counted")
     meter = None if batch is None else device_meter(_mb(limit_mb))
-    if isinstance(meter, Meter) and meter.device == "CPU:0" and _keras_backend() == "tensorflow":
-        from kerasmagic.backends.tensorflow import cpu_uncounted
-
-        if uncounted := cpu_uncounted():
-            notes.append(f"CPU:0's allocator {uncounted}")
+    if isinstance(meter, Meter) and _tf_cpu(meter):
+        if missed := _uncounted(meter):
+            notes.append(missed)
         if sys.modules["tensorflow"].config.threading.get_inter_op_parallelism_threads() != 1:
             notes.append(PARALLEL)
     if batch is None or not isinstance(meter, Meter):
