@@ -287,6 +287,12 @@ def test_the_largest_batch_named_is_at_most_the_training_samples() -> None:
     said = _predicted(runs, 512, meter, 0.9, (), 1.0, samples)  # type: ignore[arg-type]
     assert said.fits is True and said.largest_batch == 3072
     assert repr(said).endswith("fits; largest batch 3072)")
+    # A fit predicted to fit is never named past the largest batch (it was named with 1.5 times
+    # the slope and 90% of the margin): "fits; largest batch 369" for a batch of 512 read as a
+    # contradiction. Here 420 KB + 0.625 KB a sample * 256 = 580 KB of a 585 KB budget.
+    near = Meter("CPU:0", lambda: None, lambda: 0, 650 * kb, "given")
+    close = _predicted(runs, 512, near, 0.9, (), 1.0, samples)  # type: ignore[arg-type]
+    assert close.fits is True and close.largest_batch == 512, close
     unknown = _predicted(runs, 512, meter, 0.9, (), 1.0)  # type: ignore[arg-type]
     assert unknown.largest_batch is not None and unknown.largest_batch > 10**6
     # No growth measured (a dataset's fit): any batch fits, and the repr names none (it said

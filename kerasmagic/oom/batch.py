@@ -800,10 +800,12 @@ def _predicted(
         peak = max(peak, int(top + slope * (batch - large)), top)
         if largest is not None and slope > 0:  # named with the probes' worst case, as they ran
             largest = min(largest, int(large + (budget * NAMED - top) / (GROWTH * slope)))
+    fits = peak <= budget
     if largest is not None and samples:  # a batch past the training samples is all of them
         largest = min(largest, samples)
+    if largest is not None and fits:  # named with more margin, but never below one that fits
+        largest = max(largest, batch)
     largest = None if largest is None or largest < 1 or largest == 10**9 else largest
-    fits = peak <= budget
     verdict = "fits" if fits else f"too big for {margin:.0%} of it"
     if not fits:
         verdict += f"; batch {largest} fits" if largest else "; no batch fits: free memory first"
