@@ -133,6 +133,16 @@ with capture_output() as said:
     result = shell.run_cell(f"%%fresh_model --predict -q\n{cell}\n")
 out["cell_generator"] = {"said": said.stdout, "error": repr(result.error_in_exec),
                          "fitted": "h" in shell.user_ns}
+# a K-fold loop: each fit like one already predicted to fit runs unpredicted and unsaid
+shell.run_cell("import keras\ndef small():\n"
+               "    m = keras.Sequential([keras.Input((512,)), keras.layers.Dense(64)])\n"
+               "    m.compile('adam', 'mse')\n    return m\n")
+cell = ("fits = 0\nfor batch in (256, 256, 512, 256):\n    m = small()\n"
+        "    m.fit(x[:2048], x[:2048, :64], batch_size=batch, verbose=0)\n    fits += 1")
+with capture_output() as said:
+    result = shell.run_cell(f"%%fresh_model --predict -q\n{cell}\n")
+out["cell_folds"] = {"said": said.stdout, "error": repr(result.error_in_exec),
+                     "fits": shell.user_ns.get("fits")}
 out["fit_unwrapped"] = "fit" not in vars(keras.Model)
 print("RESULT" + json.dumps(out))
 """
@@ -202,6 +212,14 @@ def test_fresh_model_predict_says_its_line_and_stops_a_fit_that_would_not_fit(
     unseen = capped["cell_generator"]  # not predicted: said so, and the fit runs as written
     assert unseen["error"] == "None" and unseen["fitted"], unseen
     assert "generator cannot be probed" in flat(unseen["said"])
+    # A loop's fits: one line for each kind of fit, not for every fold (it printed four).
+    folds = capped["cell_folds"]
+    assert folds["error"] == "None" and folds["fits"] == 4, folds
+    lines = [line for line in folds["said"].splitlines() if line.startswith("kerasmagic: fit of")]
+    assert [line.split(" will ")[0] for line in lines] == [
+        "kerasmagic: fit of batch 256",
+        "kerasmagic: fit of batch 512",
+    ], folds["said"]
 
 
 def test_datasets_are_predicted_at_their_own_batch(capped: dict[str, Any]) -> None:

@@ -832,12 +832,15 @@ def fits_predicted(margin: float = 0.9) -> Iterator[None]:
 
     ``%%fresh_model --predict``'s block: the prediction's line is printed before the first
     step; a fit predicted past ``margin`` of the limit raises ``MemoryError`` with that line
-    instead of running. ``Model.fit`` is wrapped for the block's time only.
+    instead of running. A fit like one the block already predicted to fit (a K-fold loop's
+    next fold: same model class, parameter count and optimizer, batch, data shapes) runs
+    unpredicted and unsaid. ``Model.fit`` is wrapped for the block's time only.
     """
     classes = [getattr(sys.modules.get(name), "Model", None) for name in ("keras", "tf_keras")]
     owned = {c: vars(c).get("fit") for c in classes if isinstance(c, type)}
+    fitted: set[tuple[Any, ...]] = set()  # fits this block predicted to fit
     for cls in owned:
-        setattr(cls, "fit", _predicted_fit(getattr(cls, "fit"), margin))  # noqa: B009, B010
+        setattr(cls, "fit", _predicted_fit(getattr(cls, "fit"), margin, fitted))  # noqa: B009, B010
     try:
         yield
     finally:
@@ -850,7 +853,9 @@ def fits_predicted(margin: float = 0.9) -> Iterator[None]:
         held.deliver()
 
 
-def _predicted_fit(fit: Callable[..., Any], margin: float) -> Callable[..., Any]:
+def _predicted_fit(
+    fit: Callable[..., Any], margin: float, fitted: set[tuple[Any, ...]]
+) -> Callable[..., Any]:
     import inspect
 
     signature = inspect.signature(fit)
@@ -866,6 +871,9 @@ def _predicted_fit(fit: Callable[..., Any], margin: float) -> Callable[..., Any]
             return fit(self, *args, **kwargs)
         names = ("batch_size", "validation_data", "validation_split", "validation_batch_size",
                  "shuffle", "class_weight", "sample_weight", "callbacks")  # fmt: skip
+        key = _fit_key(self, given)
+        if key is not None and key in fitted:
+            return fit(self, *args, **kwargs)
         _predicting = True
         try:  # a prediction that fails leaves the fit to run as the user wrote it
             prediction = predict_fit(
@@ -882,6 +890,34 @@ def _predicted_fit(fit: Callable[..., Any], margin: float) -> Callable[..., Any]
         print(said)
         if prediction is not None and prediction.fits is False:
             raise MemoryError(" ".join(said.split()[1:]) + " Not started.")
+        if key is not None and prediction is not None and prediction.fits:
+            fitted.add(key)
         return fit(self, *args, **kwargs)
 
     return predicted
+
+
+def _fit_key(model: Any, given: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What makes two fits' peaks the same: the model's class, parameters, dtype policy and
+    optimizer, the batch and split, and the data's shapes. None where one is not known (a model
+    not built, a dataset): such a fit is predicted each time."""
+    try:
+        params = model.count_params()  # raises while the model is not built
+        names = ("x", "y", "validation_data", "sample_weight")
+        data = [_shapes(given.get(name)) for name in names]
+    except Exception:
+        return None
+    settings = [given.get(n) for n in ("batch_size", "validation_split", "validation_batch_size")]
+    kinds = [type(v).__qualname__ for v in (model, getattr(model, "optimizer", None))]
+    return (*kinds, params, repr(getattr(model, "dtype_policy", None)), *settings, *data)
+
+
+def _shapes(data: Any) -> Any:
+    """The shapes and dtypes of arrays (in dicts, lists, tuples); raises on anything else."""
+    if data is None:
+        return None
+    if isinstance(data, Mapping):
+        return tuple(sorted((str(k), _shapes(v)) for k, v in data.items()))
+    if isinstance(data, (list, tuple)):
+        return tuple(_shapes(v) for v in data)
+    return tuple(data.shape), str(data.dtype)  # AttributeError: not an array
