@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     demo = sub.add_parser(
         "demo",
-        help="the leak loop and a capped K-fold loop, with and without us (~5 min)",
+        help="the leak loop and a capped K-fold loop, with and without us (4-7 min)",
         description=DEMO_DESCRIPTION,
         **raw,
     )
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-folds",
         action="store_true",
         help="skip the last part: 10 folds under a 160 MB allocator cap, by hand and with "
-        "kerasmagic (~1 min)",
+        "kerasmagic (~2 min)",
     )
     demo.add_argument(
         "--samples",
