@@ -107,7 +107,7 @@ def test_the_colab_example_runs_as_written(
     )
     client.execute()
     texts = [_text(cell) for cell in notebook.cells if cell.cell_type == "code"]
-    install, _setup, by_hand, live, fresh, summary = texts
+    install, _setup, by_hand, live, fresh, predicted, summary = texts
     assert "ERROR" not in install and "WARNING" not in install, install
     hand, ours = fold_mb(by_hand), fold_mb(fresh)
     assert len(hand) == len(ours) == 5, (by_hand, fresh)
@@ -120,6 +120,10 @@ def test_the_colab_example_runs_as_written(
     assert ours[-1] < hand[-1] / 2, (hand, ours)
     freed = re.search(r"kerasmagic: RSS .*; TF tensors \S+ \w+ \(cleanup -([\d.]+) MB", fresh)
     assert freed is not None and float(freed[1]) > hand[-1] - hand[0], fresh
+    # Know before fit: the line (the fit's peak, the limit, the verdict) and the figures' repr.
+    said = " ".join(predicted.split())
+    assert re.search(r"kerasmagic: fit of batch 256 will peak at ~[\d.]+ .B on CPU:0", said), said
+    assert "FitPrediction(batch 256: peak" in said and ", fits" in said, said
     assert "TF allocator" in summary and "Traceback" not in summary, summary
     (widget,) = [c for c in notebook.cells if "%gpu_mem --live" in c.source]
     views = [o for o in widget.outputs if o.output_type == "display_data"]
