@@ -334,6 +334,23 @@ def test_on_a_cpu_without_tfs_bfc_allocator_the_line_says_what_its_figure_misses
     )
 
 
+def test_a_fits_key_is_its_shapes_and_settings_and_none_where_not_known() -> None:
+    """``--predict`` predicts a loop's fit once: two fits share a key only where their peaks
+    would be the same. A value fit itself refuses (``batch_size=[64]``, unhashable) used to
+    raise TypeError from the key, in place of Keras's own error; now such a fit is predicted
+    (and its error left to ``fit``)."""
+    from kerasmagic.oom.batch import _fit_key
+
+    model, x = _compiled(), np.zeros((64, 4), "float32")
+    same = _fit_key(model, {"x": x, "y": x[:, :2], "batch_size": 16})
+    other_values = _fit_key(model, {"x": x + 1, "y": x[:, :2], "batch_size": 16})
+    assert same is not None and same == other_values
+    assert same != _fit_key(model, {"x": x, "y": x[:, :2], "batch_size": 32})
+    assert same != _fit_key(model, {"x": x[:32], "y": x[:32, :2], "batch_size": 16})
+    assert _fit_key(model, {"x": x, "y": x, "batch_size": [64]}) is None
+    assert _fit_key(model, {"x": iter([x]), "batch_size": 16}) is None  # not arrays: not known
+
+
 def flat(text: str) -> str:
     return " ".join(text.split())
 

@@ -901,15 +901,16 @@ def _fit_key(model: Any, given: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """What makes two fits' peaks the same: the model's class, parameters, dtype policy and
     optimizer, the batch and split, and the data's shapes. None where one is not known (a model
     not built, a dataset): such a fit is predicted each time."""
-    try:
-        params = model.count_params()  # raises while the model is not built
-        names = ("x", "y", "validation_data", "sample_weight")
-        data = [_shapes(given.get(name)) for name in names]
-    except Exception:
-        return None
     settings = [given.get(n) for n in ("batch_size", "validation_split", "validation_batch_size")]
     kinds = [type(v).__qualname__ for v in (model, getattr(model, "optimizer", None))]
-    return (*kinds, params, repr(getattr(model, "dtype_policy", None)), *settings, *data)
+    try:
+        params = model.count_params()  # raises while the model is not built
+        data = [_shapes(given.get(n)) for n in ("x", "y", "validation_data", "sample_weight")]
+        key = (*kinds, params, repr(getattr(model, "dtype_policy", None)), *settings, *data)
+        hash(key)  # a value fit itself would refuse (batch_size=[64]) is left to fit to say
+    except Exception:
+        return None
+    return key
 
 
 def _shapes(data: Any) -> Any:
