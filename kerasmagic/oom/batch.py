@@ -788,7 +788,7 @@ def _predicted(
                    f"peaked at {fmt_bytes(max(phases[0][0]))}): it may run out")  # fmt: skip
         why = "a batch under 4 is as small as a probe: run it" if batch < 4 else why
         return replace(base, message=fill(f"kerasmagic: cannot predict the fit of batch "
-                                              f"{batch} on {meter.device}: {why}"))  # fmt: skip
+                                          f"{batch} on {meter.device}: {why}"))  # fmt: skip
     fixed = max(max(p) if b == 0 else p[0] for b, runs in phases.items() for p in runs)
     small, large = sizes[0], sizes[-1]
     peak, largest = fixed, None if fixed > budget else 10**9
@@ -884,7 +884,7 @@ def _predicted_fit(
         except Exception as error:
             prediction = None
             said = fill(f"kerasmagic: this fit was not predicted ({type(error).__name__}: "
-                            f"{error}); it runs as written")  # fmt: skip
+                        f"{error}); it runs as written")  # fmt: skip
         finally:
             _predicting = False
         print(said)
