@@ -114,7 +114,7 @@ def instance_dict(obj: Any) -> dict[str, Any] | None:
     ``__getattr__`` runs), else None (slots only, a class, a ``__dict__`` of the user's)."""
     for klass in _MRO.__get__(type(obj)):
         slot = _CLASS_DICT.__get__(klass).get("__dict__")
-        if type(slot) is pytypes.GetSetDescriptorType:
+        if type(slot) in _C_DICTS:  # a member: SimpleNamespace's
             try:
                 attrs = slot.__get__(obj)
             except Exception:
@@ -200,6 +200,7 @@ _PLAIN_KEYS = frozenset({str, int, float, bool, bytes, type(None)})
 _MODULE_DICT: Any = vars(pytypes.ModuleType)["__dict__"]  # past a subclass's own __dict__
 _CLASS_DICT: Any = vars(type)["__dict__"]  # a class's own dict, past a metaclass's
 _MRO: Any = vars(type)["__mro__"]
+_C_DICTS = (pytypes.GetSetDescriptorType, pytypes.MemberDescriptorType)
 
 
 def safe_key(key: Any) -> str:
@@ -250,7 +251,7 @@ def user_parts(obj: Any) -> tuple[dict[str, Any] | None, list[tuple[str, Any, An
     slots: list[tuple[str, Any, Any]] = []
     for klass in _MRO.__get__(kind):
         for name, slot in _CLASS_DICT.__get__(klass).items():
-            if type(slot) is pytypes.MemberDescriptorType:
+            if type(slot) is pytypes.MemberDescriptorType and name != "__dict__":
                 try:
                     slots.append((name, slot, slot.__get__(obj, kind)))
                 except AttributeError:  # a slot never set
@@ -392,8 +393,9 @@ _NEVER_MODELS |= {pytypes.ModuleType}
 
 
 def count_models(namespace: Mapping[str, Any]) -> int:
-    """Count the live models named in the notebook: those of ``live_model_objects`` that
-    ``walk`` reaches from the names, ``Out`` and callbacks' links (without building paths).
+    """Count the live models named in the notebook: those of ``live_model_objects`` reached
+    from the names, ``Out``, callbacks' links and the attributes of the user's own objects
+    (``trainer.model``), two levels in (without building paths).
 
     This runs after every cell (the live monitor), so it is a flat loop over one level at a
     time, not ``walk``, and looks at the first ``COUNT_ITEMS`` items of each container.
@@ -408,6 +410,7 @@ def count_models(namespace: Mapping[str, Any]) -> int:
     skipped = {id(namespace.get(name)) for name in _SKIPPED}
     values = list(namespace.values())
     level = [v for v in values if type(v) not in _NEVER_MODELS and id(v) not in skipped]
+    users: dict[type, bool] = {}  # per kind: a class of the user's (``trainer.model`` counts)
     for depth in range(NEAR_DEPTH + 1):
         deeper: list[Any] = []
         for obj in level:
@@ -415,12 +418,19 @@ def count_models(namespace: Mapping[str, Any]) -> int:
             if kind in CONTAINERS:
                 if depth < NEAR_DEPTH:
                     deeper.extend(islice(obj.values() if kind is dict else obj, COUNT_ITEMS))
+            elif kind in _NEVER_MODELS:
+                continue
             elif issubclass(kind, types):
                 found.add(id(obj))
             elif callbacks and issubclass(kind, callbacks):
                 model = callback_model(obj)
                 if is_a(model, types):
                     found.add(id(model))
+            elif depth < NEAR_DEPTH:
+                if kind not in users:
+                    users[kind] = not issubclass(kind, type) and user_class(kind)
+                if users[kind]:
+                    deeper.extend(islice(dict.values(instance_dict(obj) or {}), COUNT_ITEMS))
         level = deeper
     return len(found)
 

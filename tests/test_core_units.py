@@ -180,6 +180,29 @@ def test_fast_model_count_agrees_with_the_path_walk() -> None:
     assert count_models(ns) == len(walked) == 4
 
 
+def test_the_model_count_sees_a_model_kept_on_the_users_own_object() -> None:
+    """``trainer.model`` is the common way a notebook keeps a model: %gpu_mem, the widget and the
+    sidebar counted 3 of a notebook's 5 live models when two were held so."""
+    keras = pytest.importorskip("keras")
+    from types import SimpleNamespace
+
+    from kerasmagic.walk import count_models
+
+    class Trainer:
+        def __init__(self, model: object) -> None:
+            self.model, self.notes = model, ["kept"]
+
+    models = [keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]) for _ in range(3)]
+    ns = {
+        "t": Trainer(models[0]),
+        "runs": [Trainer(models[1])],
+        "cfg": SimpleNamespace(m=models[2]),
+    }
+    assert count_models(ns) == 3
+    ns["deep"] = [[Trainer(keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]))]]
+    assert count_models(ns) == 3  # three levels in: past the count's reach, as for containers
+
+
 def test_counts_read_as_english() -> None:
     from kerasmagic.views.render import _opt
 

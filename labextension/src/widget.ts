@@ -132,7 +132,8 @@ function fact(key: string, one: string, many: string, term: string, value: numbe
  * subset of every live model (Scan's count) that is cheap to count after each cell. */
 export const TILES: Record<'models' | 'graphOps' | 'gradients' | 'functions', [string, string, string]> = {
   models: ['Keras model named in the notebook', 'Keras models named in the notebook',
-    'Live Keras models named in the notebook: those your names, Out[] and callbacks hold, ' +
+    'Live Keras models named in the notebook: those your names, your objects (trainer.model), ' +
+    'Out[] and callbacks hold, ' +
     'counted after every cell. Scan, below, lists every live model, those held elsewhere too ' +
     '(a closure, a module, a stored error), and what holds each.'],
   graphOps: ['TensorFlow graph operation', 'TensorFlow graph operations',
