@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 import textwrap
 import threading
 import time
@@ -165,11 +166,15 @@ class LeakDetector(Configurable):
 
     def judge(self, history: Sequence[CellRecord], runs_of: RunsOf | None = None) -> LeakVerdict:
         """Return the first growing verdict among recently run cells, newest first. ``runs_of``
-        maps a source hash to that cell's latest runs (else the history is scanned)."""
+        maps a source hash to that cell's latest runs (else the history is scanned). A plain
+        cell's runs before the latest ``%%fresh_model`` cell do not count: that cleanup freed
+        what they kept, as the warning's remedy asks."""
         recent = reversed(history[-max(1, self.window) :])
+        cleaned = max((r.started_s for r in history if r.mode != PLAIN), default=-math.inf)
         for key in dict.fromkeys(r.source_hash for r in recent if r.source_hash):  # each once
             runs = (runs_of or {}).get(key) or [r for r in history if r.source_hash == key]
-            if (verdict := self.judge_runs(list(runs)[-self.min_runs :])).growing:
+            runs = [r for r in runs if r.mode != PLAIN or r.started_s > cleaned]
+            if (verdict := self.judge_runs(runs[-self.min_runs :])).growing:
                 return verdict
         return STABLE
 

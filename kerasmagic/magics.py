@@ -227,8 +227,11 @@ class KerasMagics(Magics):
         snap = take_snapshot(namespace)
         models = live_models(namespace) if args.deep else []
         data_vars = largest_variables(namespace) if args.deep else []
+        monitor = get_monitor(self.ip)
+        verdict = None if monitor is None else monitor.verdict()
         if args.json:
             data: dict[str, Any] = snap.to_dict()
+            data["verdict"] = None if verdict is None else verdict.to_dict()
             if args.deep:
                 data["models"] = [dataclasses.asdict(m) for m in models]
                 data["variables"] = [dataclasses.asdict(v) for v in data_vars]
@@ -236,6 +239,8 @@ class KerasMagics(Magics):
             print(json.dumps(data, indent=1))
             return
         rows = render.snapshot_rows(snap) + render.off_rows(registry.off())
+        if verdict is not None and verdict.growing:  # the widget's and sidebar's warning
+            rows.append(("Growing", " ".join(verdict.message.split())))
         display(render.Table(f"kerasmagic: memory of kernel pid {snap.pid}", rows))
         if args.deep:
             rows = render.model_rows(models) + render.freed_row(last_report())

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
 from traitlets.config import Config
 
 from kerasmagic.backends import BackendInfo
@@ -134,9 +136,22 @@ def test_gradient_registry_leak_is_flagged_and_fresh_model_is_quiet(kip: Interac
         run(kip, CELL_FIT)
     verdict = monitor.verdict()
     assert verdict.growing and verdict.what in {"rss", "custom_gradients", "name_counter"}
-    for _ in range(4):
+    said = " ".join(verdict.message.split())  # %gpu_mem says it too, in one row, unwrapped
+    with capture_output() as shown:
+        kip.run_line_magic("gpu_mem", "")
+    rows = shown.outputs[0].data["text/plain"].splitlines()
+    assert [row.split(None, 1) for row in rows if "Growing" in row] == [["Growing", said]]
+    with capture_output() as printed:
+        kip.run_line_magic("gpu_mem", "--json")
+    assert json.loads(printed.stdout)["verdict"] == verdict.to_dict()
+    run(kip, "%%fresh_model -q\n" + CELL_FIT)  # the remedy, taken: the warning goes
+    assert not monitor.verdict().growing, monitor.verdict().message
+    for _ in range(3):
         run(kip, "%%fresh_model -q\n" + CELL_FIT)
     assert not monitor.verdict().growing, monitor.verdict().message
+    with capture_output() as shown:
+        kip.run_line_magic("gpu_mem", "")
+    assert "Growing" not in shown.outputs[0].data["text/plain"]
 
 
 @pytest.mark.slow
