@@ -168,6 +168,20 @@ def test_deep_scan_after_a_failed_fresh_model_cell_names_the_user_s_holders_only
     assert "sys.last_traceback" not in out
 
 
+def test_a_frame_ipython_hides_is_no_holder_but_the_cleanup_still_clears_it(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``%%fresh_model --predict`` calls ``fit`` from a wrapper IPython hides: a failed fit's
+    stored error named "sys.last_traceback (predicted: self)", a frame the user never saw."""
+    setup = "def hidden(m):\n    __tracebackhide__ = True\n    raise ValueError('boom')"
+    out = _deep_scan_after_a_failure(kip, capsys, setup, "hidden(build())")
+    assert "held by sys.last_traceback" not in out and "(hidden: m)" not in out
+    run(kip, "import weakref\nfrom kerasmagic.walk import live_model_objects, model_types")
+    run(kip, "held = [weakref.ref(m) for m in live_model_objects(model_types())]")
+    run(kip, "%%fresh_model -q\nmodel = build()")  # the stored error's frame is cleared
+    assert len([r for r in kip.user_ns["held"] if r() is not None]) == 0
+
+
 def test_html_in_a_notebook(kip: InteractiveShell) -> None:
     from kerasmagic.snapshot import take_snapshot
     from kerasmagic.views.render import Table, snapshot_rows

@@ -345,15 +345,16 @@ def kept_frames(tb: pytypes.TracebackType) -> Iterator[pytypes.FrameType]:
 
 
 def frame_locals(
-    label: str, tb: pytypes.TracebackType, namespace: Mapping[str, Any]
+    label: str, tb: pytypes.TracebackType, namespace: Mapping[str, Any], hidden: bool = True
 ) -> Iterator[tuple[str, Any]]:
     """Yield ``("sys.last_traceback (fn: name)", value)`` for the locals a traceback keeps.
 
     A cell's own frame is skipped (its locals are the user namespace itself), and so is the
-    namespace wherever a runner's frame holds it, as a local or in its ``*args``.
+    namespace wherever a runner's frame holds it, as a local or in its ``*args``. ``hidden``:
+    the frames IPython hides (``__tracebackhide__``: kerasmagic's wrappers) too.
     """
     for frame in kept_frames(tb):
-        if frame.f_locals is namespace:
+        if frame.f_locals is namespace or not (hidden or "__tracebackhide__" not in frame.f_locals):
             continue
         for name, value in list(frame.f_locals.items()):
             where = f"{label} ({frame.f_code.co_name}: {name})"
@@ -421,7 +422,7 @@ def holder_paths(namespace: Mapping[str, Any], models: list[Any]) -> dict[int, l
     names = [(name, namespace.get(name)) for name in state.scan_order(namespace)]
     roots = list(names)
     for label, tb in stored_tracebacks():
-        roots += frame_locals(label, tb, namespace)
+        roots += frame_locals(label, tb, namespace, hidden=False)  # a holder the user can see
     for root, value in roots:
         for path, obj, _ in state.walk(root, value, cbs):
             paths.setdefault(id(obj), []).append(path)

@@ -863,6 +863,7 @@ def _predicted_fit(
     @functools.wraps(fit)
     def predicted(self: Any, *args: Any, **kwargs: Any) -> Any:
         global _predicting
+        __tracebackhide__ = True  # read by IPython's traceback formatter and holder_paths
         if _predicting:
             return fit(self, *args, **kwargs)
         try:
