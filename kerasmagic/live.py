@@ -170,7 +170,7 @@ class LeakDetector(Configurable):
         cell's runs before the latest ``%%fresh_model`` cell do not count: that cleanup freed
         what they kept, as the warning's remedy asks."""
         recent = reversed(history[-max(1, self.window) :])
-        cleaned = max((r.started_s for r in history if r.mode != PLAIN), default=-math.inf)
+        cleaned = next((r.started_s for r in reversed(history) if r.mode != PLAIN), -math.inf)
         for key in dict.fromkeys(r.source_hash for r in recent if r.source_hash):  # each once
             runs = (runs_of or {}).get(key) or [r for r in history if r.source_hash == key]
             runs = [r for r in runs if r.mode != PLAIN or r.started_s > cleaned]

@@ -354,7 +354,7 @@ def frame_locals(
     the frames IPython hides (``__tracebackhide__``: kerasmagic's wrappers) too.
     """
     for frame in kept_frames(tb):
-        if frame.f_locals is namespace or not (hidden or "__tracebackhide__" not in frame.f_locals):
+        if frame.f_locals is namespace or (not hidden and "__tracebackhide__" in frame.f_locals):
             continue
         for name, value in list(frame.f_locals.items()):
             where = f"{label} ({frame.f_code.co_name}: {name})"
