@@ -133,10 +133,37 @@ def test_free_memory_in_pieces_is_said_only_where_the_peak_left_room_for_the_ten
     after = Figures("CPU:0", int(58.5 * mb), int(144.8 * mb), 160 * mb, "capped")
     said = remedy(oom, after, [])
     assert "in pieces" not in said and "did not fit in the 15.2 MB left at the peak" in said
-    assert said.endswith("batch <= 1945")
+    assert "a batch under 1945 at most" in said and "%%fresh_model --predict" in said
     apart = Figures("CPU:0", 20 * mb, 40 * mb, 160 * mb, "capped")  # room even at the peak
     wanted = OomError("tensorflow", "CPU:0", 100 * mb, (12800, 2048), "float")
     assert remedy(wanted, apart, []).startswith("140.0 MB is free but in pieces")
+
+
+def test_a_tensor_shaped_as_a_weight_or_made_in_a_build_is_no_batch() -> None:
+    import keras
+
+    from kerasmagic.backends.oom import OomError
+    from kerasmagic.oom.explain import Figures, remedy, rows_are_batch
+
+    model = keras.Sequential([keras.Input((2000,)), keras.layers.Dense(2000)])
+    mb = 2**20  # a fit of batch 64 ran out on its [2000, 2000] gradient (seen for real)
+    weight = OomError("tensorflow", "CPU:0", 15 * mb, (2000, 2000), "float")
+    rows = OomError("tensorflow", "CPU:0", 15 * mb, (1966, 2000), "float")
+    assert not rows_are_batch(weight, None) and rows_are_batch(rows, None)
+
+    def build() -> None:  # a layer's initializer runs out inside Keras's build
+        raise ValueError("OOM")
+
+    try:
+        build()
+    except ValueError as error:
+        assert not rows_are_batch(rows, error)
+    figures = Figures("CPU:0", 113 * mb, 158 * mb, 160 * mb, "capped")
+    said = remedy(weight, figures, [], batch_rows=False)
+    assert "batch <=" not in said and "shaped as a weight ([2000, 2000]" in said
+    assert said.endswith("use smaller layers") and "2.0 MB left" in said
+    assert "a batch under 262 at most" in remedy(rows, figures, [])
+    del model
 
 
 def test_other_errors_are_not_oom() -> None:

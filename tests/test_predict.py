@@ -144,6 +144,7 @@ with capture_output() as said:
 out["cell_folds"] = {"said": said.stdout, "error": repr(result.error_in_exec),
                      "fits": shell.user_ns.get("fits")}
 out["fit_unwrapped"] = "fit" not in vars(keras.Model)
+
 print("RESULT" + json.dumps(out))
 """
 
@@ -196,6 +197,46 @@ def test_a_prediction_never_runs_out_of_memory_itself(capped: dict[str, Any]) ->
     huge = capped["huge"]
     assert max(b for b, _ in huge["probes"]) < 16384 // 2  # half the batch had no room
     assert huge["fits"] is False, huge["message"]
+
+
+NO_ROOM = r"""
+import json
+import numpy as np, keras
+import kerasmagic
+
+model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(2048, activation="relu"),
+                          keras.layers.Dense(1)])
+model.compile("adam", "mse")
+before = [v.numpy().tobytes() for v in model.variables]
+out = {}
+for rows in (40000, 20000):  # more than the cap; fit's copy of it (a 128 MB chunk) nearly fills it
+    p = kerasmagic.predict_fit(model, np.zeros((rows, 1024), "float32"),
+                               np.zeros((rows, 1), "float32"), batch_size=rows, verbose=False)
+    out[rows] = {"fits": p.fits, "largest": p.largest_batch, "message": " ".join(p.message.split()),
+                 "same": [v.numpy().tobytes() for v in model.variables] == before}
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_a_fit_whose_arrays_or_smallest_probe_do_not_fit_is_said_to_run_out_without_a_crash() -> (
+    None
+):
+    """TF's capped CPU allocator crashes the process (SIGSEGV) where a tensor made from NumPy
+    runs out: the arrays fit copies are checked against what is free before any probe, and
+    after a probe ran out its data is freed before the weights go back (both crashed before)."""
+    env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPU_BFC_MEM_LIMIT_IN_MB": "160",
+           "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", NO_ROOM], env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT")]
+    assert run.returncode == 0 and lines, (run.returncode, run.stderr[-2000:])
+    out = json.loads(lines[-1][len("RESULT") :])
+    for rows, why in (("40000", "it copies its arrays (156.4 MB) into that allocator"),
+                      ("20000", "a fit of batch 312 already did")):  # fmt: skip
+        said = out[rows]
+        assert said["fits"] is False and said["largest"] is None and said["same"], said
+        assert f"fit of batch {rows} will run out of memory on CPU:0" in said["message"]
+        assert f"{why}" in said["message"] and "no batch fits" in said["message"]
 
 
 def test_fresh_model_predict_says_its_line_and_stops_a_fit_that_would_not_fit(

@@ -349,7 +349,8 @@ NAMED = 0.9  # the batch named as fitting keeps this share of the margin's budge
 
 @dataclass(frozen=True, repr=False)
 class FitPrediction:
-    """A fit's peak on its device, predicted before it runs (``peak_bytes`` None: not known).
+    """A fit's peak on its device, predicted before it runs (``peak_bytes`` None: not known;
+    the limit: even the first, smallest run ran out of memory).
 
     ``probes`` are the (batch, allocator peak) pairs measured; ``largest_batch`` is the largest
     batch whose predicted peak stays within ``margin`` of the limit (with arrays, at most the
@@ -447,6 +448,9 @@ def predict_fit(
         why = notes.pop() if batch is None else f"cannot predict on this backend here: {meter}"
         message = fill(f"kerasmagic: {why}")
         return _said(FitPrediction(batch, None, None, margin=margin, message=message), verbose)
+    if _tf_cpu(meter) and (short := _no_room_to_copy(meter, x, y, sample_weight, validation_data)):
+        return _said(_runs_out(FitPrediction(batch, meter.device, None, margin=margin), meter,
+                               short), verbose)  # fmt: skip
     fixed = dict(validation_split=validation_split, shuffle=shuffle, class_weight=class_weight,
                  sample_weight=sample_weight)  # fmt: skip
     if not getattr(model, "built", True):  # built as fit would, so its weights can be kept
@@ -585,8 +589,6 @@ def _kept(model: Any) -> Iterator[None]:
         yield
     finally:
         with held_interrupts() as held:  # a Ctrl-C now would leave the model half put back
-            for variable, value in zip(variables, values, strict=True):
-                variable.assign(value)
             if attributes["train_function"] in (None, _MISSING) and works("keras.train_function"):
                 # the probes' traces go: replaced before it is unset, as Keras < 3.5 keeps the
                 # old one among TF's tracked dependencies after ``= None``
@@ -596,9 +598,14 @@ def _kept(model: Any) -> Iterator[None]:
                     vars(model).pop(name, None)
                 else:
                     setattr(model, name, value)
+            # The probes' data (fit's copy of the arrays) is garbage in cycles: freed before the
+            # values go back, as each is a new tensor, and TF's capped CPU allocator crashes the
+            # process (SIGSEGV) where making one from NumPy runs out (seen: 78 MB of x, 160 MB cap)
+            gc.collect()
+            for variable, value in zip(variables, values, strict=True):
+                variable.assign(value)
             for put_back in rng:
                 put_back()
-            gc.collect()
         held.deliver()
 
 
@@ -781,6 +788,8 @@ def _predicted(
     probes = tuple((b, max(map(max, phases[b]))) for b in sizes)
     base = FitPrediction(batch, meter.device, None, limit_bytes=meter.limit_bytes,
                 margin=margin, probes=probes, seconds=seconds, notes=notes)  # fmt: skip
+    if not phases:  # the first, smallest run ran out of memory: the fit will too
+        return _runs_out(base, meter, f"a fit of batch {_warm(batch)} already did")
     if len(sizes) < 2:
         why = "no probe ran"
         if 0 in phases:  # the first step ran, and left no room for a larger one
@@ -821,6 +830,36 @@ def _predicted(
         f"{said[:1].upper()}{said[1:]}."
     )
     return replace(base, peak_bytes=peak, largest_batch=largest, message=message)
+
+
+def _runs_out(base: FitPrediction, meter: Meter, why: str) -> FitPrediction:
+    """``base`` said to run out of memory, its peak the limit, with no batch that fits."""
+    said = (f"kerasmagic: fit of batch {base.batch_size} will run out of memory on "
+            f"{meter.device}, limit {fmt_bytes(meter.limit_bytes)} ({meter.limit_source}): {why}; "
+            "no batch fits: free memory first (kerasmagic.reset()), or use a smaller model or "
+            "less data.")  # fmt: skip
+    limit = meter.limit_bytes
+    return replace(base, peak_bytes=limit, limit_bytes=limit, message=fill(said))
+
+
+def _no_room_to_copy(meter: Meter, *data: Any) -> str | None:
+    """Why ``fit`` cannot copy its arrays into TF's CPU allocator, if it cannot: more bytes
+    than are free. Not tried: where making a tensor from NumPy runs out, TF's capped CPU
+    allocator crashes the process (SIGSEGV) rather than raising."""
+
+    def nbytes(part: Any) -> int:
+        if isinstance(part, Mapping):
+            return sum(map(nbytes, part.values()))
+        if isinstance(part, (list, tuple)):
+            return sum(map(nbytes, part))
+        return int(getattr(part, "nbytes", 0) or 0)
+
+    copied = sum(map(nbytes, data))
+    meter.reset()
+    free = meter.limit_bytes - meter.peak()
+    if copied <= free:
+        return None
+    return f"it copies its arrays ({fmt_bytes(copied)}) into that allocator, {fmt_bytes(free)} free"
 
 
 _predicting = False  # a probe's own fit runs unpredicted

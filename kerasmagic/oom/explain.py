@@ -118,12 +118,17 @@ def figures_now(oom: OomError) -> Figures:
 
 
 def explain(
-    oom: OomError, figures: Figures, models: Sequence[LiveModel], isolated_pid: int | None = None
+    oom: OomError,
+    figures: Figures,
+    models: Sequence[LiveModel],
+    isolated_pid: int | None = None,
+    batch_rows: bool = True,
 ) -> tuple[str, OomFacts]:
     """Return the lines printed after an out-of-memory traceback, and the record's facts.
 
     With ``isolated_pid`` the error came from that ``%%fresh_model --isolate`` child: its
-    figures are the child's at the failure, and its memory went with it.
+    figures are the child's at the failure, and its memory went with it. ``batch_rows``: the
+    tensor's first axis may be the batch (see ``rows_are_batch``).
     """
     where = figures.device or oom.device or "the device"
     label = LABELS.get(oom.backend, oom.backend)
@@ -143,7 +148,7 @@ def explain(
         lines.append(
             f"  held by    {m.type} {m.name!r} {fmt_bytes(m.size_bytes)} ({state}): {held}"
         )
-    said = remedy(oom, figures, ranked, isolated_pid is not None)
+    said = remedy(oom, figures, ranked, isolated_pid is not None, batch_rows)
     lines.append(f"  remedy     {said}")
     return "\n".join(lines), OomFacts.of(oom, figures, said, isolated_pid is not None)
 
@@ -171,8 +176,14 @@ def _own(model: LiveModel) -> bool:
     return bool(model.holders) and all(h.startswith("sys.last_") for h in model.holders)
 
 
-def remedy(oom: OomError, f: Figures, models: Sequence[LiveModel], isolated: bool = False) -> str:
-    """Return the one remedy that the figures point to."""
+def remedy(
+    oom: OomError,
+    f: Figures,
+    models: Sequence[LiveModel],
+    isolated: bool = False,
+    batch_rows: bool = True,
+) -> str:
+    """Return the one remedy that the figures point to (``batch_rows``: as ``explain``)."""
     stale = [m for m in models if m.freeable and not _own(m)]
     wanted, limit, in_use = oom.wanted_bytes, f.limit_bytes, f.in_use_bytes
     if stale and not isolated:
@@ -196,10 +207,17 @@ def remedy(oom: OomError, f: Figures, models: Sequence[LiveModel], isolated: boo
                     "(the allocator keeps the regions it took): a smaller tensor fits; only a new "
                     "process (%%fresh_model --isolate, or a restart) joins them again")  # fmt: skip
         free, batch = limit - used, oom.shape[0] if oom.shape else 0
+        if oom.shape and not batch_rows:
+            return (f"a tensor shaped as a weight ({list(oom.shape)}: a weight, its gradient or "
+                    f"optimizer slot) did not fit in the {fmt_bytes(max(free, 0))} left at the "
+                    "peak: del what you no longer need, then kerasmagic.reset(), or use smaller "
+                    "layers")  # fmt: skip
         fits = int(batch * free / wanted) if wanted else 0  # a negative free fits none
         if 0 < fits < batch:
             return (f"a tensor of {batch} rows did not fit in the {fmt_bytes(free)} left at the "
-                    f"peak: batch <= {fits}")  # fmt: skip
+                    f"peak: a batch under {fits} at most (what fit holds whatever its batch "
+                    "comes on top); %%fresh_model --predict on this cell frees what the error "
+                    "holds and names the batch that fits before the fit starts")  # fmt: skip
     return ("the memory is held by what you keep: del what you no longer need, then "
             f"kerasmagic.reset(), or use a smaller batch ({FIND_BATCH})")  # fmt: skip
 
@@ -227,7 +245,29 @@ def report(shell: Any, error: BaseException | None) -> OomReport | None:
     snap = take_snapshot(shell.user_ns, light=True)
     rss, total = snap.ram.rss_bytes, snap.ram.total_bytes
     figures = read_figures(oom, snap.backends, snap.gpu.devices, total, rss)
-    return OomReport(*explain(oom, figures, live_models(shell.user_ns)))
+    models = live_models(shell.user_ns)
+    return OomReport(*explain(oom, figures, models, batch_rows=rows_are_batch(oom, error)))
+
+
+BUILDING = frozenset({"build", "build_wrapper", "add_weight", "_maybe_build"})
+
+
+def rows_are_batch(oom: OomError, error: BaseException | None) -> bool:
+    """Whether the failed tensor's first axis may be the batch: not while weights are made
+    (a frame of the traceback builds a layer), and not in a tensor shaped as a live model's
+    weight (its gradient or an optimizer slot: a batch of 64 failed on a [2000, 2000] one)."""
+    tb = getattr(error, "__traceback__", None)
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in BUILDING:
+            return False
+        tb = tb.tb_next
+    if not oom.shape:
+        return False
+    from kerasmagic import walk
+
+    models = walk.live_model_objects(walk.model_types())
+    weights = (w for m in models for w in walk.guarded(lambda m=m: list(m.weights), []))
+    return all(walk.guarded(lambda w=w: tuple(w.shape), ()) != oom.shape for w in weights)
 
 
 class Explainer:
