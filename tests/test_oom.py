@@ -205,6 +205,30 @@ def test_a_real_oom_is_explained_after_the_traceback_and_recovered(
         assert kernel_value(client, "int(a.shape[0])") == 10
 
 
+@pytest.mark.slow
+def test_after_a_fit_runs_out_the_next_plain_fit_runs(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain notebook's next fit hangs here (the stored error holds 126 MB of 160)."""
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", "160")
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    cell = (
+        "import keras, numpy as np\n"
+        "m = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(2048), "
+        "keras.layers.Dense(1)])\n"
+        "m.compile('adam', 'mse')\n"
+        "x, y = np.zeros((20000, 1024), 'float32'), np.zeros((20000, 1), 'float32')\n"
+        "m.fit(x, y, batch_size=20000, verbose=0)"
+    )
+    with real_kernel(str(tmp_path)) as (_, client):
+        content, text = kernel_run(client, cell, timeout_s=180, stop_on_error=False)
+        assert content.get("ename") == "ResourceExhaustedError", text
+        assert "the next cell drops this error" in text
+        content, text = kernel_run(client, "h = m.fit(x[:8000], y[:8000], batch_size=2000)")
+        assert content["status"] == "ok", text
+
+
 def test_the_cell_record_carries_the_oom_the_block_explains(
     ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -296,6 +320,30 @@ def test_jax_and_torch_ooms_in_a_real_kernel_are_explained(
         assert content["status"] == "ok", text
 
 
+def test_the_next_cell_drops_a_stored_oom_error_unless_it_looks_at_it(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raise_oom = (
+        "import tensorflow as tf\n"
+        "held = list(range(10))\n"
+        "def step(batch):\n"
+        f"    raise tf.errors.ResourceExhaustedError(None, None, {TF_GPU_OOM!r})\n"
+        "step(held)"
+    )
+    ip.run_cell(raise_oom)
+    assert "the next cell drops this error" in capsys.readouterr().out
+    ip.run_cell("%tb")  # looks at it: kept, whole
+    assert "ResourceExhaustedError" in capsys.readouterr().out
+    assert sys.last_value is not None and ip.InteractiveTB.tb is not None
+    ip.run_cell("x = 1")
+    assert sys.last_value is None and sys.last_traceback is None
+    assert ip.last_execution_result.error_in_exec is None and ip.user_ns["x"] == 1
+    assert ip.InteractiveTB.tb is None and ip.user_ns["held"] == list(range(10))
+    ip.run_cell("raise ValueError('not memory')")  # any other error stays for %debug
+    ip.run_cell("y = 2")
+    assert isinstance(sys.last_value, ValueError)
+
+
 def test_the_block_follows_an_oom_cell_only_and_goes_with_unload(
     ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -313,6 +361,8 @@ def test_the_block_follows_an_oom_cell_only_and_goes_with_unload(
     ip.run_line_magic("unload_ext", "kerasmagic")
     ip.run_cell(raise_oom)
     assert "kerasmagic: out of memory" not in capsys.readouterr().out
+    ip.run_cell("x = 1")
+    assert sys.last_value is not None  # nothing drops it once unloaded
     ip.run_line_magic("load_ext", "kerasmagic")  # the fixture unloads it
 
 
