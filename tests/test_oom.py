@@ -180,12 +180,18 @@ def build():
 """
 
 
-@pytest.mark.slow
-def test_a_real_oom_is_explained_after_the_traceback_and_recovered(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel's CPU:0 on TF's BFC allocator, capped at 160 MB (TF's own kernels, which raise
+    on running out; oneDNN's crash the process there)."""
     monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
     monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", "160")
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("capped")
+def test_a_real_oom_is_explained_after_the_traceback_and_recovered(tmp_path: pathlib.Path) -> None:
     with real_kernel(str(tmp_path)) as (_, client):
         assert kernel_run(client, MODEL)[0]["status"] == "ok"
         assert kernel_run(client, "a = tf.zeros((10, 1000, 1000))\ndel a")[0]["status"] == "ok"
@@ -206,13 +212,9 @@ def test_a_real_oom_is_explained_after_the_traceback_and_recovered(
 
 
 @pytest.mark.slow
-def test_after_a_fit_runs_out_the_next_plain_fit_runs(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("capped")
+def test_after_a_fit_runs_out_the_next_plain_fit_runs(tmp_path: pathlib.Path) -> None:
     """A plain notebook's next fit hangs here (the stored error holds 126 MB of 160)."""
-    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
-    monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", "160")
-    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
     cell = (
         "import keras, numpy as np\n"
         "m = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(2048), "
