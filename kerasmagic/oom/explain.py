@@ -254,7 +254,7 @@ def report(shell: Any, error: BaseException | None) -> OomReport | None:
     return OomReport(*explain(oom, figures, models, batch_rows=rows_are_batch(oom, error)))
 
 
-BUILDING = frozenset({"build", "build_wrapper", "add_weight", "_maybe_build"})
+BUILDING = frozenset({"build", "build_wrapper", "add_weight"})
 
 
 def rows_are_batch(oom: OomError, error: BaseException | None) -> bool:
