@@ -290,19 +290,28 @@ def _limit(device: str, in_use: int, given: int | None) -> tuple[int, str]:
     return in_use + int(psutil.virtual_memory().available), "host RAM available, no cap set"
 
 
+def _arrays(data: Any) -> Iterator[Any]:
+    """Yield the arrays of an array or a dict, list or tuple of arrays (nested)."""
+    if isinstance(data, Mapping | list | tuple):
+        for part in data.values() if isinstance(data, Mapping) else data:
+            yield from _arrays(part)
+    else:
+        yield data
+
+
 def _rows(data: Any) -> int:
     """Return the number of samples in an array or a dict, list or tuple of arrays."""
-    if isinstance(data, Mapping):
-        return min(_rows(v) for v in data.values())
-    if isinstance(data, (list, tuple)):
-        return min(_rows(v) for v in data)
-    shape = getattr(data, "shape", None)
-    if not shape:
-        raise ValueError("x and y must be arrays (or dicts, lists, tuples of arrays); found a "
-                         f"{type(data).__name__}")  # fmt: skip
-    if not shape[0]:
-        raise ValueError("x has no samples")
-    return int(shape[0])
+
+    def rows(array: Any) -> int:
+        shape = getattr(array, "shape", None)
+        if not shape:
+            raise ValueError("x and y must be arrays (or dicts, lists, tuples of arrays); found "
+                             f"a {type(array).__name__}")  # fmt: skip
+        if not shape[0]:
+            raise ValueError("x has no samples")
+        return int(shape[0])
+
+    return min(map(rows, _arrays(data)))
 
 
 def _whole(name: str, value: Any) -> int | None:
@@ -846,15 +855,7 @@ def _no_room_to_copy(meter: Meter, *data: Any) -> str | None:
     """Why ``fit`` cannot copy its arrays into TF's CPU allocator, if it cannot: more bytes
     than are free. Not tried: where making a tensor from NumPy runs out, TF's capped CPU
     allocator crashes the process (SIGSEGV) rather than raising."""
-
-    def nbytes(part: Any) -> int:
-        if isinstance(part, Mapping):
-            return sum(map(nbytes, part.values()))
-        if isinstance(part, (list, tuple)):
-            return sum(map(nbytes, part))
-        return int(getattr(part, "nbytes", 0) or 0)
-
-    copied = sum(map(nbytes, data))
+    copied = sum(int(getattr(array, "nbytes", 0) or 0) for array in _arrays(data))
     meter.reset()
     free = meter.limit_bytes - meter.peak()
     if copied <= free:
