@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -305,3 +306,28 @@ def test_a_failing_string_capture_falls_back_to_tensorflows_own(
     assert inner(ours) == inner(native) and len(ours) == len(native) >= 8  # type: ignore[arg-type]
     warned = [r for r in caplog.records if "string op stack traces failed" in r.getMessage()]
     assert len(warned) == 1  # once, not once per op
+
+
+def test_a_ctrl_c_inside_the_string_capture_shows_tensorflows_frames_only(
+    ip: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TensorFlow's own capture is C++: a Ctrl-C while it records an op's stack shows TF's
+    frames only. The string capture stands in for it, so IPython hides its frames too (a
+    fault-suite run once read its source lines, a "kerasmagic:" message among them, as noise)."""
+
+    def interrupted(*args: object) -> object:
+        raise KeyboardInterrupt
+
+    was_installed = tfstack.installed()
+    assert tfstack.install() is None
+    ip.run_cell("import tensorflow as tf")  # kerasmagic's one graph op before a cell: made
+    monkeypatch.setattr(tfstack, "find", interrupted)
+    try:
+        result = ip.run_cell("tf.function(lambda v: v * 2.0)(tf.ones(3))")
+    finally:
+        if not was_installed:
+            tfstack.uninstall()
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert ".interrupted(*args)" in shown and "tensorflow/python" in shown  # the frames around it
+    assert "kerasmagic/" not in shown and "[... skipping hidden 2 frame]" in shown, shown

@@ -53,6 +53,7 @@ def _key(frame: Any, drop: int, source_map: Any, filtered: Any, kept: list[Any])
     when every frame is TensorFlow's (a trace is never empty). The frames are appended to
     ``kept``, so that the lines of new ones can be read without another walk.
     """
+    __tracebackhide__ = True  # where a Ctrl-C most often lands while TensorFlow traces
     mapped_files = _mapped_files(source_map)
     out: list[object] = []
     append, keep, own, stops = out.append, kept.append, _own.get, _stops
@@ -122,6 +123,7 @@ def _make_extract_stack(
     load, ident = native.LoadTracesFromDebugInfo, threading.get_ident
 
     def extract_stack(stacklevel: int = 1) -> Any:
+        __tracebackhide__ = True  # IPython hides it: a Ctrl-C here is shown in TF's own frames
         try:
             return capture(stacklevel + 1)
         except Exception:  # never break model building: TensorFlow's own capture instead
@@ -130,6 +132,7 @@ def _make_extract_stack(
             return original(stacklevel + 1)  # + this frame
 
     def capture(stacklevel: int) -> Any:
+        __tracebackhide__ = True
         thread = ident()
         source_map = mappers[thread][-1].get_effective_source_map()
         filtered = filters[thread][-1].get_filtered_filenames()
