@@ -103,6 +103,7 @@ class _ThenCall(importlib.abc.Loader):
         return cast("ModuleType | None", self._loader.create_module(spec))
 
     def exec_module(self, module: ModuleType) -> None:
+        __tracebackhide__ = True  # read by IPython: an import's error shows the module's frames
         module.__loader__ = self._loader  # what the module and its spec say: the real loader
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from typing import Any
@@ -285,6 +286,28 @@ def test_a_post_import_hook_runs_after_the_module_and_goes_away(
     assert km_hooked.__spec__.loader is km_hooked.__loader__
     assert "VALUE = 41" in inspect.getsource(km_hooked)
     assert hook not in sys.meta_path and failing not in sys.meta_path
+
+
+def test_an_error_importing_a_hooked_module_shows_the_modules_frames_only(
+    ip: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Ctrl-C or an error during ``import tensorflow`` reads as it does without kerasmagic:
+    the loader that runs the hook afterwards is hidden, as IPython hides its own wrappers."""
+    from kerasmagic.imports import AfterImport
+
+    (tmp_path / "km_stopped.py").write_text("VALUE = 1\nraise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    hook = AfterImport(["km_stopped"], lambda: None)
+    hook.install()
+    try:
+        result = ip.run_cell("import km_stopped")
+    finally:
+        hook.uninstall()
+        sys.modules.pop("km_stopped", None)
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert "km_stopped.py:2" in shown and "[... skipping hidden 1 frame]" in shown
+    assert "kerasmagic/" not in shown, shown
 
 
 class _Model:

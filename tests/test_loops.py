@@ -4,7 +4,9 @@ through TensorFlow's allocator (exact bytes), and never loses a model something 
 from __future__ import annotations
 
 import gc
+import re
 
+import pytest
 from conftest import run
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -89,3 +91,16 @@ def test_a_train_step_from_an_earlier_cell_drops_the_traces_of_dead_models(
     assert abs(after[5] - after[3]) <= kip.ev("model_size_bytes(model)") / 4, after
     traces = kip.ev("len(train_step._list_all_concrete_functions())")
     assert traces <= 3, traces  # the traces of the models that died went
+
+
+def test_an_error_in_an_optimizers_build_shows_keras_frames_only(
+    kip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The wrapped ``build`` is hidden as IPython hides its own wrappers: the traceback a user
+    reads (an error, or a Ctrl-C mid-build) is the one they get without kerasmagic."""
+    run(kip, "opt = keras.optimizers.Adam()")
+    result = kip.run_cell("opt.build([object()])")  # Keras's own error: no variables
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    assert isinstance(result.error_in_exec, AttributeError)
+    assert "in Adam.build" in shown and "[... skipping hidden 1 frame]" in shown
+    assert "kerasmagic/" not in shown, shown

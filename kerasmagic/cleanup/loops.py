@@ -111,6 +111,7 @@ class LoopGuard:
     def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def build(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True  # read by IPython: Keras's build, as without kerasmagic
             self.between_models()
             return original(optimizer, *args, **kwargs)
 
@@ -129,6 +130,7 @@ class LoopGuard:
 
     def between_models(self) -> None:
         """Purge what earlier models left, if TF registered custom gradients since last time."""
+        __tracebackhide__ = True
         count = registered()
         if count is None:  # TensorFlow not imported: its registry cannot hold anything
             return
