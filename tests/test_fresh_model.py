@@ -391,6 +391,34 @@ def test_keras_settings_survive_the_reset(kip: InteractiveShell) -> None:
         run(kip, "keras.mixed_precision.set_global_policy('float32')")
 
 
+def test_a_keras_that_cannot_reset_is_said_once_and_the_cell_runs(
+    kip: InteractiveShell, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Ctrl-C during ``import keras`` can leave Keras half-imported: its ``clear_session()``
+    then raises ("module 'keras.src.backend' has no attribute 'backend'"). The cleanup says so
+    in one line, once, and goes on; the cell runs and the names stay."""
+    import keras
+
+    from kerasmagic.compat import registry
+
+    def half_imported(*args: object, **kwargs: object) -> None:
+        raise AttributeError("module 'keras.src.backend' has no attribute 'backend'")
+
+    monkeypatch.setattr(keras.backend, "clear_session", half_imported)
+    monkeypatch.setattr(registry, "_said", set())
+    run(kip, "m = build()")
+    with caplog.at_level("WARNING"):
+        for n in range(2):
+            fresh(kip, f"ran = {n}", line="-q")
+    said = [r.getMessage() for r in caplog.records if "clear_session() failed" in r.getMessage()]
+    assert kip.user_ns["ran"] == 1 and "x" in kip.user_ns and "m" in kip.user_ns
+    assert said == [
+        "kerasmagic: keras.backend.clear_session() failed (AttributeError: module "
+        "'keras.src.backend' has no attribute 'backend'): its names and graphs were not reset; "
+        "an import of keras stopped part way leaves it so until the kernel restarts"
+    ]
+
+
 def test_output_holding_only_a_kept_model_stays(kip: InteractiveShell) -> None:
     run(kip, "base = build()")
     run(kip, "base")

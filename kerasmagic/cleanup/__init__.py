@@ -26,7 +26,7 @@ from kerasmagic.cleanup import holders
 from kerasmagic.cleanup.loops import Freezer
 from kerasmagic.compat import check_now
 from kerasmagic.compat.probes import find_libc as libc
-from kerasmagic.compat.registry import broken, works
+from kerasmagic.compat.registry import broken, say_once, works
 from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.probes import read_ram
 from kerasmagic.shellstate import current, state_of
@@ -368,11 +368,17 @@ def reset_backend() -> None:
     saved = _keras_settings()
     for name in ("keras", "tf_keras"):
         clear = getattr(getattr(sys.modules.get(name), "backend", None), "clear_session", None)
-        if clear is not None:
+        if clear is None:
+            continue
+        try:
             try:
                 clear(free_memory=False)
             except TypeError:  # tf-keras has no free_memory argument
                 clear()
+        except Exception as exc:  # a Keras whose import was stopped part way (Ctrl-C) stays so
+            say_once([f"kerasmagic: {name}.backend.clear_session() failed ({type(exc).__name__}: "
+                      f"{exc}): its names and graphs were not reset; an import of {name} stopped "
+                      "part way leaves it so until the kernel restarts"])  # fmt: skip
     try:  # saved holds something only where the global state module is imported
         for name, value in saved.items():
             sys.modules[STATE].set_global_attribute(name, value)
