@@ -163,6 +163,21 @@ FRESH_MODEL = {  # %%fresh_model's options, in the help's order
     "--on": dict(metavar="BACKEND", help="Run the isolated cell on ray or ray://host:port."),
 }
 
+CLASHES = (  # %%fresh_model's flags that cannot combine: a flag, what it does, what it refuses
+    ("--isolate", "runs the cell in a fresh process: this kernel is not cleaned, its fits not "
+     "predicted", ("--all", "--keep", "--dry-run", "--predict", "-v")),
+    ("--dry-run", "only says what would be dropped: the cell does not run", ("--predict", "-q")),
+    ("-q", "prints no report", ("-v",)),
+)  # fmt: skip
+
+
+DESTS = {"--all": "drop_all", "-q": "quiet", "-v": "verbose"}  # else the long flag's own name
+
+
+def _dest(flag: str) -> str:
+    """The parsed name of one of ``FRESH_MODEL``'s flags."""
+    return DESTS.get(flag, flag[2:].replace("-", "_"))
+
 
 @magics_class
 class KerasMagics(Magics):
@@ -267,8 +282,10 @@ class KerasMagics(Magics):
         args = parse_line(self.fresh_model, line, cell=True)
         if args is None:  # --help: printed, the cell not run
             return runner.no_result(self.ip, cell)
-        if args.isolate and args.predict:
-            raise UsageError("--predict predicts fits in this kernel: not with --isolate")
+        for flag, does, others in CLASHES:  # a flag another one would silently drop
+            clash = next((o for o in others if getattr(args, _dest(o))), None)
+            if clash and getattr(args, _dest(flag)):
+                raise UsageError(f"{flag} {does}: not with {clash}")
         if args.isolate:
             from kerasmagic.isolate.api import run_cell_isolated
 

@@ -325,6 +325,30 @@ def test_bad_flags_are_usage_errors(ip: InteractiveShell, line: str) -> None:
     assert "z" not in ip.user_ns
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (
+            "--isolate --dry-run",
+            "--isolate runs the cell in a fresh process: .* not with --dry-run",
+        ),
+        ("--keep x --isolate", "not with --keep"),
+        ("--isolate --all", "not with --all"),
+        ("--isolate -v", "not with -v"),
+        ("--predict --isolate", "its fits not predicted: not with --predict"),
+        ("--dry-run --predict", "--dry-run only says what would be dropped: .* not with --predict"),
+        ("-q --dry-run", "the cell does not run: not with -q"),
+        ("-qv", "-q prints no report: not with -v"),
+    ],
+)
+def test_flags_one_would_drop_are_refused(ip: InteractiveShell, line: str, message: str) -> None:
+    """``--isolate --dry-run`` used to run the cell isolated, the dry run dropped unsaid."""
+    ip.user_ns["x"] = 1
+    with pytest.raises(UsageError, match=message):
+        ip.run_cell_magic("fresh_model", line, "z = 1")
+    assert "z" not in ip.user_ns
+
+
 def test_help_is_generated(ip: InteractiveShell) -> None:
     doc = ip.find_cell_magic("fresh_model").__doc__ or ""
     assert "--all" in doc and "--keep" in doc and "--dry-run" in doc
