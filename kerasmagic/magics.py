@@ -25,7 +25,7 @@ from kerasmagic.cells.rebinding import rebound_now
 from kerasmagic.cleanup import MAX_MB, clean, last_report, pin_mmap_threshold, report_text
 from kerasmagic.cleanup.holders import live_models
 from kerasmagic.compat import check_now, registry
-from kerasmagic.interrupts.held import held_interrupts
+from kerasmagic.interrupts.held import held_interrupts, plain_interrupts
 from kerasmagic.live import CellRecord, get_monitor
 from kerasmagic.probes import largest_variables, read_ram
 from kerasmagic.snapshot import take_snapshot
@@ -239,9 +239,10 @@ class KerasMagics(Magics):
             print(f"kerasmagic: peak reset on {done}" if done else f"kerasmagic: {NO_PEAK}")
         check_now(self.ip)  # a framework imported since: what is off there is listed too
         namespace = self.ip.user_ns
-        snap = take_snapshot(namespace)
-        models = live_models(namespace) if args.deep else []
-        data_vars = largest_variables(namespace) if args.deep else []
+        with plain_interrupts():  # --deep reads every object: a Ctrl-C stops it, shown plain
+            snap = take_snapshot(namespace)
+            models = live_models(namespace) if args.deep else []
+            data_vars = largest_variables(namespace) if args.deep else []
         monitor = get_monitor(self.ip)
         verdict = None if monitor is None else monitor.verdict()
         if args.json:

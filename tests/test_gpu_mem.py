@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from typing import Any
@@ -306,3 +307,21 @@ def test_a_cpu_figure_that_misses_tensors_says_so(monkeypatch: pytest.MonkeyPatc
         "CPU:0 (CPU) tensors in use 0 B, peak 781.2 KB (misses tensors under 256 KB; set "
         "TF_CPU_ALLOCATOR_USE_BFC=true before importing TensorFlow for the exact figure)"
     )
+
+
+def test_a_ctrl_c_during_a_deep_scan_stops_it_at_the_magics_line(
+    kip: InteractiveShell, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Ctrl-C stopping a slow ``--deep`` scan used to show the scan's frames (walk.py's
+    ``gc.collect()``, JAX's gc callback); now the line, as an interrupted plain call shows."""
+    from kerasmagic import magics
+
+    def interrupted(*args: object) -> object:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(magics, "live_models", interrupted)
+    result = kip.run_cell("%gpu_mem --deep")
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert "run_line_magic('gpu_mem', '--deep')" in shown and "interrupted" not in shown
+    assert "kerasmagic/" not in shown and "test_gpu_mem" not in shown, shown

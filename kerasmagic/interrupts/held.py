@@ -162,3 +162,15 @@ def shown_plain(error: BaseException, cell: str | None = None) -> BaseException:
     with contextlib.suppress(TypeError):  # an exception type without a __dict__: as it is
         vars(error)["_render_traceback_"] = functools.partial(_render, error, cell)
     return error
+
+
+class plain_interrupts:  # a context manager, named as held_interrupts is
+    """A Ctrl-C that stops kerasmagic's own work in a magic (``%gpu_mem --deep`` scans every
+    object) shows as one at the magic's line, without kerasmagic's frames or what they ran."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if kind is not None and issubclass(kind, KeyboardInterrupt):
+            raise shown_plain(KeyboardInterrupt()) from None
