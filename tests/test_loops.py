@@ -102,5 +102,5 @@ def test_an_error_in_an_optimizers_build_shows_keras_frames_only(
     result = kip.run_cell("opt.build([object()])")  # Keras's own error: no variables
     shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
     assert isinstance(result.error_in_exec, AttributeError)
-    assert "in Adam.build" in shown and "[... skipping hidden 1 frame]" in shown
+    assert "optimizers/adam.py" in shown and "[... skipping hidden 1 frame]" in shown
     assert "kerasmagic/" not in shown, shown
