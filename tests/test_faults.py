@@ -109,6 +109,14 @@ def test_load_unload_cycles_leave_nothing_alive(tmp_path: Any) -> None:
     assert after == before
 
 
+# How SIGINT inside TensorFlow's C code surfaces (see interrupt_fits).
+IN_TF_C_CODE = (
+    "returned a result with an exception set",
+    "SystemError",
+    "REPLACED BY KeyboardInterrupt",
+)
+
+
 def messages(text: str) -> list[str]:
     """Return the lines of ``text`` that are said, not a shown traceback's source lines (the
     frame of a TensorFlow op's stack capture, kerasmagic's, can be among them)."""
@@ -134,11 +142,16 @@ def interrupt_fits(km: KernelManager, client: Any, window: tuple[float, float]) 
         swallowed += content["status"] == "ok" or "Exception ignored" in text
         if content["status"] == "error" and content["ename"] != "KeyboardInterrupt":
             # SIGINT inside TensorFlow's C code can surface as its SystemError ("returned a
-            # result with an exception set"), or as the error TensorFlow's C code makes of that
-            # (an AttributeError from nest's Flatten): the cell still stopped, at TensorFlow's
-            # frame, not kerasmagic's.
-            in_tf = "returned a result with an exception set" in text or "SystemError" in text
-            assert in_tf and "keras/src" in text and "kerasmagic/" not in text, text
+            # result with an exception set"), as the error TensorFlow's C code makes of that
+            # (an AttributeError from nest's Flatten), or as pybind11's RuntimeError when it
+            # lands while TF builds an error to raise ("MISMATCH of original and normalized
+            # active exception types: ORIGINAL InvalidArgumentError REPLACED BY
+            # KeyboardInterrupt", seen once in CI; Python's own handler meets the same): the
+            # cell still stopped, at TensorFlow's frame, not kerasmagic's. pybind11 lists the
+            # whole Python stack after "At:", the handler and the cell's runner among it.
+            in_tf = any(m in text for m in IN_TF_C_CODE)
+            shown = re.split(r"\n\s*At:\n", re.sub(r"\x1b\[[0-9;]*m", "", text))[0]
+            assert in_tf and "keras/src" in text and "kerasmagic/" not in shown, text
         # PyTorch's gradients or TensorFlow's eager mode turned back on: news, not noise
         said = text.replace(torch_backend.RESTORED, "").replace(tf_backend.RESTORED_EAGER, "")
         said = re.sub(SWITCHES_RESTORED, "", said)
