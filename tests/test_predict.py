@@ -127,12 +127,20 @@ for batch in (1024, 6144):
     out[f"cell_{batch}"] = {"said": said.stdout, "error": type(error).__name__ if error else None,
                             "fitted": "h" in shell.user_ns}
     shell.user_ns.pop("h", None)
-cell = ("batches = ((x[i:i + 64], y[i:i + 64]) for i in range(0, 256, 64))\n"
-        "h = model.fit(batches, steps_per_epoch=4, verbose=0)")
+# generators: each batch read once, all of them by the fit (the first read to probe, given back)
+shell.run_cell("read = {'train': [], 'valid': []}\ndef batches(n, log):\n"
+               "    for i in range(n):\n        read[log].append(i)\n"
+               "        yield x[i * 64 : (i + 1) * 64], y[i * 64 : (i + 1) * 64]\n")
+steps = int(model.optimizer.iterations.numpy())
+cell = ("h = model.fit(batches(4, 'train'), steps_per_epoch=4, validation_steps=2, verbose=0,\n"
+        "              validation_data=batches(2, 'valid'))")
 with capture_output() as said:
     result = shell.run_cell(f"%%fresh_model --predict -q\n{cell}\n")
 out["cell_generator"] = {"said": said.stdout, "error": repr(result.error_in_exec),
-                         "fitted": "h" in shell.user_ns}
+                         "fitted": "h" in shell.user_ns, "read": shell.user_ns["read"],
+                         "steps": int(model.optimizer.iterations.numpy()) - steps,
+                         "history": sorted(shell.user_ns["h"].history) if "h" in shell.user_ns
+                         else None}  # fmt: skip
 # a K-fold loop: each fit like one already predicted to fit runs unpredicted and unsaid
 shell.run_cell("import keras\ndef small():\n"
                "    m = keras.Sequential([keras.Input((512,)), keras.layers.Dense(64)])\n"
@@ -250,9 +258,13 @@ def test_fresh_model_predict_says_its_line_and_stops_a_fit_that_would_not_fit(
     assert "too big for 90% of it" in flat(big["said"]) and "Not started." in flat(big["said"])
     assert "ResourceExhausted" not in big["said"]  # stopped before any step, not run out
     assert capped["fit_unwrapped"]  # Model.fit is Keras's own again after the cell
-    unseen = capped["cell_generator"]  # not predicted: said so, and the fit runs as written
-    assert unseen["error"] == "None" and unseen["fitted"], unseen
-    assert "generator cannot be probed" in flat(unseen["said"])
+    # Generators: predicted from their first batch, which the fit then gets back: the fit read
+    # every batch once, in order, for its 4 steps and 2 validation steps.
+    generators = capped["cell_generator"]
+    assert generators["error"] == "None" and generators["fitted"], generators
+    assert "kerasmagic: fit of batch 64 will peak at" in flat(generators["said"]), generators
+    assert generators["read"] == {"train": [0, 1, 2, 3], "valid": [0, 1]}, generators
+    assert generators["steps"] == 4 and "val_loss" in generators["history"], generators
     # A loop's fits: one line for each kind of fit, not for every fold (it printed four).
     folds = capped["cell_folds"]
     assert folds["error"] == "None" and folds["fits"] == 4, folds
@@ -432,6 +444,13 @@ def test_a_generator_is_refused_in_one_line_without_being_used_up(
     assert all(len(line) <= 80 for line in said.splitlines())  # wrapped at spaces, not by the page
     assert "generator cannot be probed" in flat(said)
     assert len(list(batches)) == 3
+    # a validation generator is not probed either: its steps go uncounted, and it says so
+    x, y = np.zeros((64, 4), "float32"), np.zeros((64, 2), "float32")
+    validation = (batch for batch in [(x[:8], y[:8])] * 20)
+    p = kerasmagic.predict_fit(_compiled(), x, y, batch_size=32, validation_data=validation)
+    assert p.peak_bytes is not None
+    assert "validation steps not counted" in flat(capsys.readouterr().out).lower()
+    assert len(list(validation)) == 20
 
 
 def test_bad_arguments_are_one_clear_error() -> None:

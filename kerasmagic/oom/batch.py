@@ -33,6 +33,7 @@ import random
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -429,7 +430,8 @@ def predict_fit(
     """Predict the allocator's peak of ``model.fit(x, y, batch_size=...)`` before it runs.
 
     Takes ``fit``'s own arguments (arrays or dicts/lists of arrays, a ``tf.data.Dataset`` or a
-    ``keras.utils.PyDataset``; a dataset's own batch is the batch predicted) and says in one
+    ``keras.utils.PyDataset``; a dataset's own batch is the batch predicted; a generator is
+    refused, as its batch cannot be given back: ``%%fresh_model --predict`` can) and says in one
     line: the peak on the device, its limit (``limit_mb`` replaces it), whether the fit stays
     within ``margin`` of it and the largest batch that does. ``callbacks`` are not run: they are
     only named as what the prediction cannot see. ``epochs``, ``initial_epoch``, the steps and
@@ -463,8 +465,9 @@ def predict_fit(
     fixed = dict(validation_split=validation_split, shuffle=shuffle, class_weight=class_weight,
                  sample_weight=sample_weight)  # fmt: skip
     if not getattr(model, "built", True):  # built as fit would, so its weights can be kept
-        sample = x if _kind(x) == "arrays" else next(iter(x))
-        model(_take(sample[0] if _kind(x) != "arrays" else sample, 1))
+        kind = _kind(x)
+        sample = x if kind == "arrays" else _FIRST[x] if kind == "generator" else next(iter(x))
+        model(_take(sample[0] if kind != "arrays" else sample, 1))
     started = time.perf_counter()
     with _kept(model), _quiet(), _young_only():
         peaks, oom = _probe(model, meter, batch, lambda b: {**fixed, **probe_args(b)})
@@ -515,21 +518,27 @@ def _fit_inputs(
     all of them), ``fit``'s arguments for a probe of ``b``, and the notes.
 
     Arrays are probed whole at a smaller ``batch_size``; a ``tf.data.Dataset`` rebatched; a
-    ``PyDataset`` through its first batch, cut. A generator cannot be probed without using it
-    up: the batch is None and the last note says why.
+    ``PyDataset`` or a ``peeked`` generator through its first batch, cut. Any other generator
+    cannot be probed without using it up: the batch is None and the last note says why (as
+    ``validation_data``: not probed, and a note says so).
     """
     batch_size = _whole("batch_size", batch_size)
     validation_batch = _whole("validation_batch_size", validation_batch)
     notes: list[str] = []
     kind, samples = _kind(x), None
-    if kind == "generator":
+    if kind == "generator" and x not in _FIRST:
         notes.append("a generator cannot be probed without using it up: pass arrays, a "
-                     "tf.data.Dataset or a keras.utils.PyDataset to predict its fit")  # fmt: skip
+                     "tf.data.Dataset or a keras.utils.PyDataset, or fit in a %%fresh_model "
+                     "--predict cell, which gives its first batch back")  # fmt: skip
         return None, None, lambda b: {}, notes
-    if kind == "dataset":
+    if kind == "generator":
+        first = _FIRST[x]
+        batch = _rows(first[0] if isinstance(first, tuple) else first)
+        train: ProbeArgs = lambda b: {"x": _repeated(_take(first, b))}  # noqa: E731
+    elif kind == "dataset":
         batch = _rows(next(iter(x))[0] if _is_pair(x) else next(iter(x)))
         notes.append("the tf.data.Dataset is rebatched to probe: buffers that grow are not seen")
-        train: ProbeArgs = lambda b: {"x": x.unbatch().batch(b)}  # noqa: E731
+        train = lambda b: {"x": x.unbatch().batch(b)}  # noqa: E731
     elif kind == "pydataset":
         first = x[0]
         batch = _rows(first[0] if isinstance(first, tuple) else first)
@@ -544,6 +553,13 @@ def _fit_inputs(
     if _kind(validation) == "dataset":
         valid: ProbeArgs = lambda b: {"validation_data": validation.unbatch().batch(  # noqa: E731
             max(1, round(b * share)))}  # fmt: skip
+    elif _kind(validation) == "generator" and validation in _FIRST:
+        valid = lambda b: {"validation_data": _repeated(_take(  # noqa: E731
+            _FIRST[validation], max(1, round(b * share))))}  # fmt: skip
+    elif _kind(validation) == "generator":
+        notes.append("validation steps not counted: their generator cannot be probed without "
+                     "using it up")  # fmt: skip
+        valid = lambda b: {}  # noqa: E731
     else:
         valid = lambda b: {"validation_data": validation,  # noqa: E731
                            "validation_batch_size": max(1, round(b * share))}  # fmt: skip
@@ -564,6 +580,35 @@ def _kind(data: Any) -> str:
 
 def _is_pair(dataset: Any) -> bool:
     return isinstance(dataset.element_spec, tuple)
+
+
+_FIRST: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # peeked batches
+
+
+def peeked(data: Any) -> Any:
+    """Return a generator that yields what ``data`` (a generator) would, its first batch read
+    already, for ``_fit_inputs`` to probe with; anything else as it is."""
+    __tracebackhide__ = True  # the user's generator raising: its own frames
+    if _kind(data) != "generator":
+        return data
+    try:
+        first = next(data)
+    except StopIteration:
+        return data
+
+    def again() -> Iterator[Any]:
+        yield first
+        yield from data
+
+    replay = again()
+    _FIRST[replay] = first
+    return replay
+
+
+def _repeated(batch: Any) -> Iterator[Any]:
+    """A generator of ``batch`` without end (a probe stops at its steps)."""
+    while True:
+        yield batch
 
 
 def _cut(mro: Sequence[type], first: Any, b: int) -> Any:
@@ -874,7 +919,8 @@ def fits_predicted(margin: float = 0.9) -> Iterator[None]:
     step; a fit predicted past ``margin`` of the limit raises ``MemoryError`` with that line
     instead of running. A fit like one the block already predicted to fit (a K-fold loop's
     next fold: same model class, parameter count and optimizer, batch, data shapes) runs
-    unpredicted and unsaid. ``Model.fit`` is wrapped for the block's time only.
+    unpredicted and unsaid. A generator's first batch is read to probe with and handed back:
+    the fit gets every batch. ``Model.fit`` is wrapped for the block's time only.
     """
     classes = [getattr(sys.modules.get(name), "Model", None) for name in ("keras", "tf_keras")]
     owned = {c: vars(c).get("fit") for c in classes if isinstance(c, type)}
@@ -907,14 +953,17 @@ def _predicted_fit(
         if _predicting:
             return fit(self, *args, **kwargs)
         try:
-            given = signature.bind_partial(self, *args, **kwargs).arguments
+            bound = signature.bind_partial(self, *args, **kwargs)
         except TypeError:  # Keras says what is wrong with the call
             return fit(self, *args, **kwargs)
+        given = bound.arguments  # a generator's first batch read, and given back to fit
+        given.update({name: peeked(given[name]) for name in ("x", "validation_data")
+                      if name in given})  # fmt: skip
         names = ("batch_size", "validation_data", "validation_split", "validation_batch_size",
                  "shuffle", "class_weight", "sample_weight", "callbacks")  # fmt: skip
         key = _fit_key(self, given)
         if key is not None and key in fitted:
-            return fit(self, *args, **kwargs)
+            return fit(*bound.args, **bound.kwargs)
         _predicting = True
         try:  # a prediction that fails leaves the fit to run as the user wrote it
             prediction = predict_fit(
@@ -933,7 +982,7 @@ def _predicted_fit(
             raise MemoryError(" ".join(said.split()[1:]) + " Not started.")
         if key is not None and prediction is not None and prediction.fits:
             fitted.add(key)
-        return fit(self, *args, **kwargs)
+        return fit(*bound.args, **bound.kwargs)
 
     return predicted
 
