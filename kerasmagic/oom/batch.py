@@ -989,8 +989,9 @@ def _predicted_fit(
 
 def _fit_key(model: Any, given: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """What makes two fits' peaks the same: the model's class, parameters, dtype policy and
-    optimizer, the batch and split, and the data's shapes. None where one is not known (a model
-    not built, a dataset): such a fit is predicted each time."""
+    optimizer, the batch and split, and the data's shapes (a generator's: its first batch's).
+    None where one is not known (a model not built, a dataset): such a fit is predicted each
+    time."""
     settings = [given.get(n) for n in ("batch_size", "validation_split", "validation_batch_size")]
     kinds = [type(v).__qualname__ for v in (model, getattr(model, "optimizer", None))]
     try:
@@ -1004,9 +1005,12 @@ def _fit_key(model: Any, given: Mapping[str, Any]) -> tuple[Any, ...] | None:
 
 
 def _shapes(data: Any) -> Any:
-    """The shapes and dtypes of arrays (in dicts, lists, tuples); raises on anything else."""
+    """The shapes and dtypes of arrays (in dicts, lists, tuples; a ``peeked`` generator's first
+    batch); raises on anything else."""
     if data is None:
         return None
+    if isinstance(data, Iterator) and data in _FIRST:
+        return "generator", _shapes(_FIRST[data])
     if isinstance(data, Mapping):
         return tuple(sorted((str(k), _shapes(v)) for k, v in data.items()))
     if isinstance(data, (list, tuple)):
