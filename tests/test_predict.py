@@ -285,6 +285,9 @@ def test_datasets_are_predicted_at_their_own_batch(capped: dict[str, Any]) -> No
         assert "set_inter_op_parallelism_threads(1)" in flat(p["message"])  # TF's default: 0
         assert max(b for b, _ in p["probes"]) == batch // 2
     assert "The tf.data.Dataset is rebatched to probe" in flat(capped["dataset"]["message"])
+    # the batch named is at most all the samples (their batches times their batch), as with
+    # arrays: the room here is for about 4,000, a PyDataset of four batches of 512 holds 2,048
+    assert capped["dataset"]["largest"] <= 4096 and capped["pydataset"]["largest"] == 2048
     tiny = capped["tiny"]
     assert tiny["peak"] is None and "a batch under 4 is as small as a probe" in flat(
         tiny["message"]

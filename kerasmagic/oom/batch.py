@@ -23,6 +23,7 @@ needs at most one out-of-memory error and usually none.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import logging
@@ -363,8 +364,8 @@ class FitPrediction:
     the limit: even the first, smallest run ran out of memory).
 
     ``probes`` are the (batch, allocator peak) pairs measured; ``largest_batch`` is the largest
-    batch whose predicted peak stays within ``margin`` of the limit (with arrays, at most the
-    training samples: a batch past them is all of them); ``notes`` say what the
+    batch whose predicted peak stays within ``margin`` of the limit (at most the training
+    samples, where they are known: a batch past them is all of them); ``notes`` say what the
     prediction cannot see. ``str()`` is the one line a notebook shows.
     """
 
@@ -514,8 +515,9 @@ def _fit_inputs(
     x: Any, y: Any, batch_size: int | None, validation: Any, validation_batch: int | None,
     split: float = 0.0,
 ) -> tuple[int | None, int | None, ProbeArgs, list[str]]:  # fmt: skip
-    """Return the batch predicted, the training samples (arrays only: a batch past them is
-    all of them), ``fit``'s arguments for a probe of ``b``, and the notes.
+    """Return the batch predicted, the training samples where known (a batch past them is all
+    of them; a dataset's: its batches times its batch), ``fit``'s arguments for a probe of
+    ``b``, and the notes.
 
     Arrays are probed whole at a smaller ``batch_size``; a ``tf.data.Dataset`` rebatched; a
     ``PyDataset`` or a ``peeked`` generator through its first batch, cut. Any other generator
@@ -539,10 +541,13 @@ def _fit_inputs(
         batch = _rows(next(iter(x))[0] if _is_pair(x) else next(iter(x)))
         notes.append("the tf.data.Dataset is rebatched to probe: buffers that grow are not seen")
         train = lambda b: {"x": x.unbatch().batch(b)}  # noqa: E731
+        samples = batch * int(x.cardinality()) if int(x.cardinality()) > 0 else None
     elif kind == "pydataset":
         first = x[0]
         batch = _rows(first[0] if isinstance(first, tuple) else first)
         train = lambda b: {"x": _cut(type(x).__mro__, first, b)}  # noqa: E731
+        with contextlib.suppress(Exception):  # an endless one has no length
+            samples = batch * len(x)
     else:
         rows = _rows(x)  # less what validation_split takes, as fit splits them
         split = split if isinstance(split, float | int) and 0 < split < 1 else 0
