@@ -146,8 +146,9 @@ def interrupt_fits(km: KernelManager, client: Any, window: tuple[float, float]) 
             # (an AttributeError from nest's Flatten), or as pybind11's RuntimeError when it
             # lands while TF builds an error to raise ("MISMATCH of original and normalized
             # active exception types: ORIGINAL InvalidArgumentError REPLACED BY
-            # KeyboardInterrupt", seen once in CI; Python's own handler meets the same): the
-            # cell still stopped, at TensorFlow's frame, not kerasmagic's. pybind11 lists the
+            # KeyboardInterrupt", seen once in CI; Python's own handler meets the same; the
+            # watch raises the interrupt in its place where it follows one, test_kernelguard.py):
+            # the cell still stopped, at TensorFlow's frame, not kerasmagic's. pybind11 lists the
             # whole Python stack after "At:", the handler and the cell's runner among it.
             in_tf = any(m in text for m in IN_TF_C_CODE)
             shown = re.split(r"\n\s*At:\n", re.sub(r"\x1b\[[0-9;]*m", "", text))[0]

@@ -390,3 +390,22 @@ def test_on_a_python_not_checked_a_swallowed_ctrl_c_is_left_to_python(client: An
     assert swallowed["status"] == "ok" and ran is True, text
     content, text = kernel_run(client, "ran = False\nswallower.swallow()\nran = True")
     assert content["ename"] == "KeyboardInterrupt", text  # checked again: raised again
+
+
+def test_a_ctrl_c_that_pybind11_replaced_with_its_own_error_stops_the_cell(client: Any) -> None:
+    """A Ctrl-C while TensorFlow's C++ makes an error (the error's ``__init__`` is Python code)
+    came out, on Python 3.11, as pybind11's "RuntimeError: ... MISMATCH of original and
+    normalized active exception types: ORIGINAL InvalidArgumentError REPLACED BY
+    KeyboardInterrupt", with no context: only its words say what it replaced (seen in CI's
+    fault suite, during fit's dataset tracing). A later Python raises the interrupt itself."""
+    content, text = kernel_run(client, "import tensorflow as tf", timeout_s=120)
+    assert content["status"] == "ok", text
+    kernel_run(client, "sigint_once(tf.errors.InvalidArgumentError, '__init__')")
+    build = "ran = False\nwith tf.Graph().as_default():\n    tf.reshape(tf.ones({}), [2, 2])\n"
+    build += "ran = True"
+    content, text = kernel_run(client, build.format(3))
+    faultcounts.add("interrupts sent", 1)
+    assert content["status"] == "error" and content["ename"] == "KeyboardInterrupt", text
+    assert "kerasmagic" not in text and kernel_value(client, "ran") is False
+    content, text = kernel_run(client, build.format(4))  # the graph's scopes closed as they do
+    assert content["status"] == "ok" and kernel_value(client, "ran") is True, text

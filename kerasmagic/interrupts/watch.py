@@ -200,6 +200,14 @@ def _names_interrupt(frame: FrameType) -> bool:
     return line.startswith("except") and "KeyboardInterrupt" in line
 
 
+def _replaced(error: BaseException) -> bool:
+    """Return whether ``error`` is pybind11's for an exception that a Ctrl-C replaced as it was
+    made (in its ``__init__``, as TensorFlow's C++ raised it): only its words say so, as it keeps
+    no ``__context__``."""
+    words = error.args[0] if isinstance(error, RuntimeError) and error.args else None
+    return isinstance(words, str) and "REPLACED BY KeyboardInterrupt" in words
+
+
 class InterruptWatch:
     """Follows one ``KeyboardInterrupt`` through the frames it was raised in."""
 
@@ -335,7 +343,7 @@ class InterruptWatch:
             if value is error:
                 self._pending.pop(frame, None)  # on its way out again
             elif (
-                value.__context__ is error
+                (value.__context__ is error or _replaced(value))
                 and not isinstance(value, KeyboardInterrupt)  # ipykernel's "Interrupted by user"
                 and _library(frame)
             ):
