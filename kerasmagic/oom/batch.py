@@ -924,14 +924,16 @@ def fits_predicted(margin: float = 0.9) -> Iterator[None]:
     step; a fit predicted past ``margin`` of the limit raises ``MemoryError`` with that line
     instead of running. A fit like one the block already predicted to fit (a K-fold loop's
     next fold: same model class, parameter count and optimizer, batch, data shapes) runs
-    unpredicted and unsaid. A generator's first batch is read to probe with and handed back:
+    unpredicted and unsaid, and a line said once is not said again (a loop's fits on a backend
+    that cannot be predicted). A generator's first batch is read to probe with and handed back:
     the fit gets every batch. ``Model.fit`` is wrapped for the block's time only.
     """
     classes = [getattr(sys.modules.get(name), "Model", None) for name in ("keras", "tf_keras")]
     owned = {c: vars(c).get("fit") for c in classes if isinstance(c, type)}
     fitted: set[tuple[Any, ...]] = set()  # fits this block predicted to fit
+    told: set[str] = set()  # lines said: one that cannot predict (JAX's fits) is said once
     for cls in owned:
-        setattr(cls, "fit", _predicted_fit(getattr(cls, "fit"), margin, fitted))  # noqa: B009, B010
+        setattr(cls, "fit", _predicted_fit(getattr(cls, "fit"), margin, fitted, told))  # noqa: B009, B010
     try:
         yield
     finally:
@@ -945,7 +947,7 @@ def fits_predicted(margin: float = 0.9) -> Iterator[None]:
 
 
 def _predicted_fit(
-    fit: Callable[..., Any], margin: float, fitted: set[tuple[Any, ...]]
+    fit: Callable[..., Any], margin: float, fitted: set[tuple[Any, ...]], told: set[str]
 ) -> Callable[..., Any]:
     import inspect
 
@@ -982,7 +984,9 @@ def _predicted_fit(
                         f"{error}); it runs as written")  # fmt: skip
         finally:
             _predicting = False
-        print(said)
+        if said not in told:
+            print(said)
+            told.add(said)
         if prediction is not None and prediction.fits is False:
             raise MemoryError(" ".join(said.split()[1:]) + " Not started.")
         if key is not None and prediction is not None and prediction.fits:
