@@ -667,3 +667,14 @@ def test_in_a_kernel_a_fit_too_big_is_stopped_and_the_batch_it_names_trains(
         assert content["status"] == "ok", text
         assert f"fit of batch {named} will peak at" in flat(text) and "): fits." in flat(text)
         assert kernel_value(client, "len(h.history['loss'])") == 1  # the whole epoch trained
+
+
+def test_an_iterator_that_is_not_a_generator_reaches_fit_as_it_was(ip: Any) -> None:
+    """Only a generator's first batch is read and handed back: Keras 3 refuses any other
+    iterator, and made into a generator it would be taken, under ``--predict`` only."""
+    pytest.importorskip("keras")
+    ip.user_ns["m"] = _compiled()
+    ip.user_ns["batches"] = iter([(np.zeros((8, 4), "float32"), np.zeros((8, 2), "float32"))])
+    result = ip.run_cell("%%fresh_model --predict -q\nm.fit(batches, verbose=0)")
+    assert isinstance(result.error_in_exec, ValueError), result.error_in_exec
+    assert "Unrecognized data type" in str(result.error_in_exec)

@@ -33,6 +33,7 @@ import operator
 import random
 import sys
 import time
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -592,9 +593,10 @@ _FIRST: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # pee
 
 def peeked(data: Any) -> Any:
     """Return a generator that yields what ``data`` (a generator) would, its first batch read
-    already, for ``_fit_inputs`` to probe with; anything else as it is."""
+    already, for ``_fit_inputs`` to probe with; anything else as it is (an iterator that is not
+    a generator too: made one, Keras 3 would take what it refuses)."""
     __tracebackhide__ = True  # the user's generator raising: its own frames
-    if _kind(data) != "generator":
+    if not isinstance(data, types.GeneratorType):
         return data
     try:
         first = next(data)
