@@ -542,7 +542,8 @@ def _fit_inputs(
         batch = _rows(next(iter(x))[0] if _is_pair(x) else next(iter(x)))
         notes.append("the tf.data.Dataset is rebatched to probe: buffers that grow are not seen")
         train = lambda b: {"x": x.unbatch().batch(b)}  # noqa: E731
-        samples = batch * int(x.cardinality()) if int(x.cardinality()) > 0 else None
+        batches = int(x.cardinality())  # negative: endless or not known
+        samples = batch * batches if batches > 0 else None
     elif kind == "pydataset":
         first = x[0]
         batch = _rows(first[0] if isinstance(first, tuple) else first)
