@@ -468,7 +468,7 @@ def predict_fit(
                  sample_weight=sample_weight)  # fmt: skip
     if not getattr(model, "built", True):  # built as fit would, so its weights can be kept
         kind = _kind(x)
-        sample = x if kind == "arrays" else _FIRST[x] if kind == "generator" else next(iter(x))
+        sample = x if kind == "arrays" else _first(x, kind)
         model(_take(sample[0] if kind != "arrays" else sample, 1))
     started = time.perf_counter()
     with _kept(model), _quiet(), _young_only():
@@ -534,19 +534,17 @@ def _fit_inputs(
                      "tf.data.Dataset or a keras.utils.PyDataset, or fit in a %%fresh_model "
                      "--predict cell, which gives its first batch back")  # fmt: skip
         return None, None, lambda b: {}, notes
-    if kind == "generator":
-        first = _FIRST[x]
+    if kind != "arrays":  # the batch a dataset or generator gives: its first one's
+        first = _first(x, kind)
         batch = _rows(first[0] if isinstance(first, tuple) else first)
+    if kind == "generator":
         train: ProbeArgs = lambda b: {"x": _repeated(_take(first, b))}  # noqa: E731
     elif kind == "dataset":
-        batch = _rows(next(iter(x))[0] if _is_pair(x) else next(iter(x)))
         notes.append("the tf.data.Dataset is rebatched to probe: buffers that grow are not seen")
         train = lambda b: {"x": x.unbatch().batch(b)}  # noqa: E731
         batches = int(x.cardinality())  # negative: endless or not known
         samples = batch * batches if batches > 0 else None
     elif kind == "pydataset":
-        first = x[0]
-        batch = _rows(first[0] if isinstance(first, tuple) else first)
         train = lambda b: {"x": _cut(type(x).__mro__, first, b)}  # noqa: E731
         with contextlib.suppress(Exception):  # an endless one has no length
             samples = batch * len(x)
@@ -556,14 +554,14 @@ def _fit_inputs(
         samples = math.floor(rows * (1 - split)) or rows
         batch = min(batch_size or 32, samples)
         train = lambda b: {"x": x, "y": y, "batch_size": b}  # noqa: E731
-    share = (validation_batch or batch) / batch
-    if _kind(validation) == "dataset":
+    share, given = (validation_batch or batch) / batch, _kind(validation)
+    if given == "dataset":
         valid: ProbeArgs = lambda b: {"validation_data": validation.unbatch().batch(  # noqa: E731
             max(1, round(b * share)))}  # fmt: skip
-    elif _kind(validation) == "generator" and validation in _FIRST:
+    elif given == "generator" and validation in _FIRST:
         valid = lambda b: {"validation_data": _repeated(_take(  # noqa: E731
             _FIRST[validation], max(1, round(b * share))))}  # fmt: skip
-    elif _kind(validation) == "generator":
+    elif given == "generator":
         notes.append("validation steps not counted: their generator cannot be probed without "
                      "using it up")  # fmt: skip
         valid = lambda b: {}  # noqa: E731
@@ -585,8 +583,11 @@ def _kind(data: Any) -> str:
     return "arrays"
 
 
-def _is_pair(dataset: Any) -> bool:
-    return isinstance(dataset.element_spec, tuple)
+def _first(data: Any, kind: str) -> Any:
+    """The first batch of a dataset, a ``PyDataset`` or a ``peeked`` generator."""
+    if kind == "generator":
+        return _FIRST[data]
+    return data[0] if kind == "pydataset" else next(iter(data))
 
 
 _FIRST: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # peeked batches
