@@ -335,6 +335,15 @@ def test_with_room_for_one_probe_the_first_step_is_the_lines_other_end() -> None
     assert 60.3 * mb + 38.8 * mb + 1.7 * mb / 22 * 4010 == pytest.approx(said.peak_bytes, rel=0.01)
     assert "one probe, read with the first step" in flat(said.message)
     assert "probes reach batch 86 only, so this is rough: find_batch_size" in flat(said.message)
+    # Its probes were 22 samples apart, 1.7 MB: less than the model's 2048x2048 kernel (16.8
+    # MB) a step may hold more or less. With that kernel counted, the probes cannot tell (the
+    # fit may run out, and runs), where without it they said it would not fit.
+    unsure = _predicted({0: [first], 86: [probe]}, 4096, meter, 0.9, (), 1.0, chunk=2 * 16 * mb)  # type: ignore[dict-item]
+    assert unsure.fits is None and unsure.peak_bytes == said.peak_bytes
+    said_unsure = flat(unsure.message)
+    assert "the probes cannot tell whether it fits 90% of it: it may run out" in said_unsure
+    assert f"will peak at ~{fmt_bytes(unsure.least_bytes or 0)} to ~" in flat(unsure.message)
+    assert repr(unsure).endswith(f"may not fit; largest batch {unsure.largest_batch})")
     none = _predicted({0: [first]}, 4096, meter, 0.9, (), 1.0)  # type: ignore[dict-item]
     assert none.peak_bytes is None and none.fits is None
     assert "one step of batch 64 peaked at 97.4 MB): it may run out" in flat(none.message)
@@ -344,6 +353,72 @@ def test_with_room_for_one_probe_the_first_step_is_the_lines_other_end() -> None
         f"does not fit; largest batch {said.largest_batch})"
     )
     assert repr(none) == "FitPrediction(batch 4096: not predicted)"
+
+
+def test_one_probe_whose_step_held_a_tensor_more_does_not_steer_the_line() -> None:
+    """Recorded under a 160 MB cap: a 512-2048-2048-10 MLP (weights and Adam slots 63 MB) had
+    room to probe from batch 5 to 55; every probe's train step grew 42.1 MB over its start but
+    the last, 58.9 MB: one 2048x2048 kernel's gradient more. Through the two ends that read as
+    0.34 MB a sample, and a fit of 512 (which peaked at 131-144 MB) as 260 MB, too big. The
+    median slope between every two probes is the probes' own: flat."""
+    from kerasmagic.oom.batch import Meter, _predicted
+
+    mb = 2**20
+    meter = Meter("CPU:0", lambda: None, lambda: 0, 160 * mb, "TF_CPU_BFC_MEM_LIMIT_IN_MB")
+
+    def run(train: float) -> tuple[int, ...]:
+        return tuple(int(v * mb) for v in (71.8, 71.7 + train, 0, 71.7, 0))
+
+    runs = {0: [run(42.1)], **{b: [run(42.1)] for b in (5, 7, 9, 13, 20, 30)}, 55: [run(58.9)]}
+    said = _predicted(runs, 512, meter, 0.9, (), 1.0, chunk=2 * 16 * mb)  # type: ignore[arg-type]
+    assert said.fits is True and said.peak_bytes == int(71.7 * mb) + int(58.9 * mb), said
+    # Two probes a sample apart, 16.8 MB: the probes cannot tell (it read 8 GB, too big).
+    close = {0: [run(42.1)], 9: [run(42.1)], 10: [run(58.9)]}
+    unsure = _predicted(close, 512, meter, 0.9, (), 1.0, chunk=2 * 16 * mb)  # type: ignore[arg-type]
+    assert unsure.fits is None and unsure.peak_bytes > 2**30
+    assert unsure.least_bytes == said.peak_bytes
+    # A line as steep with probes far enough apart that no tensor explains it: too big.
+    steep = {0: [run(42.1)], 64: [run(42.1)], 256: [run(100.0)]}
+    big = _predicted(steep, 512, meter, 0.9, (), 1.0, chunk=2 * 16 * mb)  # type: ignore[arg-type]
+    assert big.fits is False and "too big for 90% of it" in flat(big.message)
+
+
+NEAR = r"""
+import json
+import numpy as np, keras
+import kerasmagic
+from kerasmagic.oom.batch import device_meter
+
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(2048, activation="relu"),
+                          keras.layers.Dense(2048, activation="relu"), keras.layers.Dense(10)])
+model.compile("adam", "sparse_categorical_crossentropy")
+x, y = np.random.rand(4096, 512).astype("float32"), np.random.randint(0, 10, 4096)
+said = [kerasmagic.predict_fit(model, x, y, batch_size=512, verbose=False) for _ in range(3)]
+meter = device_meter()
+meter.reset()
+model.fit(x, y, batch_size=512, verbose=0)
+print("RESULT" + json.dumps({"fits": [p.fits for p in said], "ran": meter.peak(),
+                             "said": [p.message for p in said]}))
+"""
+
+
+@pytest.mark.slow
+def test_a_fit_that_leaves_little_room_is_not_called_too_big() -> None:
+    """Under a 160 MB cap, a model whose weights and Adam slots hold 63 MB leaves its probes
+    room for batches of 5 to 55 only, where one kernel's gradient held or not moves a step's
+    peak by 16.8 MB. Its fit of 512 peaks at 126-144 MB, within 90% of the cap; before the
+    median slope and the "cannot tell" band it was predicted at 0.2-8 GB, too big, in 2 of 3
+    predictions."""
+    env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPU_BFC_MEM_LIMIT_IN_MB": "160",
+           "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", NEAR], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT")]
+    assert run.returncode == 0 and lines, run.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT") :])
+    assert out["ran"] < 0.9 * 160 * 2**20  # the fit itself fits
+    assert False not in out["fits"], out["said"]
 
 
 def test_the_largest_batch_named_is_at_most_the_training_samples() -> None:
@@ -678,3 +753,40 @@ def test_an_iterator_that_is_not_a_generator_reaches_fit_as_it_was(ip: Any) -> N
     result = ip.run_cell("%%fresh_model --predict -q\nm.fit(batches, verbose=0)")
     assert isinstance(result.error_in_exec, ValueError), result.error_in_exec
     assert "Unrecognized data type" in str(result.error_in_exec)
+
+
+def test_a_ctrl_c_while_predicting_stops_the_cell_with_the_model_as_it_was(
+    ip: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C among the probes stops the cell as one at a fit's start would: one line, no
+    frame of the probes' (it showed ``predict_fit``, ``_probe`` and ``_fit_peak``), the fit not
+    started and the model's weights as they were before the probes trained it."""
+    from kerasmagic.oom import batch
+
+    model, runs, real = _compiled(), [], batch._fit_peak
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        runs.append(args[3])
+        if len(runs) == 2:  # the first probe's fit, after the first step's
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batch, "_fit_peak", interrupted)
+    before = [v.numpy().tobytes() for v in model.variables]
+    x = np.random.rand(512, 4).astype("float32")
+    ip.user_ns.update(m=model, x=x, y=x[:, :2])
+    result = ip.run_cell("%%fresh_model --predict -q\nh = m.fit(x, y, batch_size=256, verbose=0)")
+    error = result.error_in_exec
+    assert isinstance(error, KeyboardInterrupt) and len(runs) == 2, (error, runs)
+    assert (
+        str(error)
+        == "while kerasmagic predicted this fit: it did not start; the model is as it was"
+    )
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    assert not {"predict_fit", "_probe", "_fit_peak"} & set(frames), frames
+    assert "h" not in ip.user_ns and [v.numpy().tobytes() for v in model.variables] == before
+    assert "fit" not in vars(sys.modules["keras"].Model)

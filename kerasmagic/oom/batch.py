@@ -26,11 +26,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import itertools
 import logging
 import math
 import numbers
 import operator
 import random
+import statistics
 import sys
 import time
 import types
@@ -367,7 +369,8 @@ class FitPrediction:
     ``probes`` are the (batch, allocator peak) pairs measured; ``largest_batch`` is the largest
     batch whose predicted peak stays within ``margin`` of the limit (at most the training
     samples, where they are known: a batch past them is all of them); ``notes`` say what the
-    prediction cannot see. ``str()`` is the one line a notebook shows.
+    prediction cannot see; ``least_bytes`` is the peak if one tensor of the probes' landed in
+    a chunk larger than it needed. ``str()`` is the one line a notebook shows.
     """
 
     batch_size: int | None
@@ -380,13 +383,18 @@ class FitPrediction:
     seconds: float = 0.0
     notes: tuple[str, ...] = ()
     message: str = ""
+    least_bytes: int | None = None
 
     @property
     def fits(self) -> bool | None:
-        """Whether the predicted peak stays within ``margin`` of the limit (None: not known)."""
+        """Whether the predicted peak stays within ``margin`` of the limit (None: not known,
+        or the probes cannot tell: the least the peak can be, ``least_bytes``, is within it)."""
         if self.peak_bytes is None or self.limit_bytes is None:
             return None
-        return self.peak_bytes <= self.limit_bytes * self.margin
+        budget = self.limit_bytes * self.margin
+        if self.peak_bytes > budget and (self.least_bytes or self.peak_bytes) <= budget:
+            return None
+        return self.peak_bytes <= budget
 
     def __str__(self) -> str:
         return self.message
@@ -396,7 +404,8 @@ class FitPrediction:
         printed line), not the message again."""
         if self.peak_bytes is None:
             return f"FitPrediction(batch {self.batch_size}: not predicted)"
-        verdict = {True: "fits", False: "does not fit", None: "limit not known"}[self.fits]
+        verdict = {True: "fits", False: "does not fit", None: "may not fit"}[self.fits]
+        verdict = "limit not known" if self.limit_bytes is None else verdict
         if self.largest_batch:
             verdict += f"; largest batch {self.largest_batch}"
         elif self.fits is False:
@@ -477,7 +486,7 @@ def predict_fit(
     if oom:
         notes.append(f"a probe of batch {oom} ran out of memory")
     prediction = _predicted(peaks, batch, meter, margin, tuple(notes),
-                            time.perf_counter() - started, samples)  # fmt: skip
+                            time.perf_counter() - started, samples, _tensor(model))  # fmt: skip
     return _said(prediction, verbose)
 
 
@@ -831,15 +840,21 @@ def _callback_class(model: Any) -> type:
 
 def _predicted(
     phases: Mapping[int, list[Phases]], batch: int, meter: Meter, margin: float,
-    notes: tuple[str, ...], seconds: float, samples: int | None = None,
+    notes: tuple[str, ...], seconds: float, samples: int | None = None, chunk: int = 0,
 ) -> FitPrediction:  # fmt: skip
-    """Extend each phase's line through the smallest and largest probes to ``batch``.
+    """Extend each phase's line through the probes to ``batch``.
 
-    Through the two ends, not the two largest: each probe's peak varies, and the nearer two
-    points are, the more a line through them multiplies that. A tensor handed a larger chunk
-    only ever adds, so the line's slope is read through each end's lowest run and starts at the
-    largest probe's highest. What is fixed (converting the data, the trace at batch 0) is the
-    largest measured, and so is what a phase begins with.
+    Each probe's peak varies: a tensor handed a larger chunk only ever adds, so each batch is
+    read through its lowest run, and the line starts at the largest probe's highest. Its slope
+    is the median of the slopes between every two batches probed (the two ends where there are
+    two): one probe whose tensor took a larger chunk does not steer it. What is fixed
+    (converting the data, the trace at batch 0) is the largest measured, and so is what a phase
+    begins with. ``chunk`` is what one step can hold more than another of the same batch (a
+    weight's gradient or two still alive as CPU:0's parallel ops run, or in a larger chunk):
+    where the probes are close, that reads as a steep line, so a fit past the margin is said
+    not to fit only where it does even with the slope less ``chunk`` over the probes' spread;
+    short of that, the probes cannot tell (seen: probes at batch 9 and 10, 16.8 MB apart, one
+    2048x2048 kernel, read a fit of 512 as 8 GB; it peaked at 144 MB).
     """
     budget = int(meter.limit_bytes * margin)
     sizes = sorted(b for b in phases if b)
@@ -863,13 +878,17 @@ def _predicted(
                                           f"{batch} on {meter.device}: {why}"))  # fmt: skip
     fixed = max(max(p) if b == 0 else p[0] for b, runs in phases.items() for p in runs)
     small, large = sizes[0], sizes[-1]
-    peak, largest = fixed, None if fixed > budget else 10**9
+    peak, least, largest = fixed, fixed, None if fixed > budget else 10**9
     for phase in (1, 2):  # from the most a phase began with, as it grew over its start
         start = max(p[phase + 2] for runs in phases.values() for p in runs)
-        grew = {b: [p[phase] - p[phase + 2] for p in phases[b]] for b in (small, large)}
-        slope = max(0.0, (min(grew[large]) - min(grew[small])) / (large - small))
+        grew = {b: [p[phase] - p[phase + 2] for p in phases[b]] for b in sizes}
+        lows = {b: min(g) for b, g in grew.items()}
+        pairs = itertools.combinations(sizes, 2)
+        slope = max(0.0, statistics.median((lows[j] - lows[i]) / (j - i) for i, j in pairs))
         top = start + max(grew[large])
         peak = max(peak, int(top + slope * (batch - large)), top)
+        flatter = max(0.0, slope - chunk / (large - small))
+        least = max(least, int(start + lows[large] + flatter * (batch - large)))
         if largest is not None and slope > 0:  # named with the probes' worst case, as they ran
             largest = min(largest, int(large + (budget * NAMED - top) / (GROWTH * slope)))
     fits = peak <= budget
@@ -879,7 +898,11 @@ def _predicted(
         largest = max(largest, batch)
     largest = None if largest is None or largest < 1 or largest == 10**9 else largest
     verdict = "fits" if fits else f"too big for {margin:.0%} of it"
-    if not fits:
+    span = f"~{fmt_bytes(peak)}"
+    if not fits and least <= budget:
+        span = f"~{fmt_bytes(least)} to {span}"
+        verdict = f"the probes cannot tell whether it fits {margin:.0%} of it: it may run out"
+    elif not fits:
         verdict += f"; batch {largest} fits" if largest else "; no batch fits: free memory first"
     if large * SHARES[0] < batch:  # a line this long multiplies the allocator's steps: a
         # 2048-wide MLP read from batch 85-198 of 4096 was named 129 and 528 in two runs; 2020 ran
@@ -888,11 +911,27 @@ def _predicted(
     notes = (*notes, f"predicted in {seconds:.1f} s")
     said = "; ".join(notes)
     message = fill(
-        f"kerasmagic: fit of batch {batch} will peak at ~{fmt_bytes(peak)} on {meter.device}, "
+        f"kerasmagic: fit of batch {batch} will peak at {span} on {meter.device}, "
         f"limit {fmt_bytes(meter.limit_bytes)} ({meter.limit_source}): {verdict}. "
         f"{said[:1].upper()}{said[1:]}."
     )
-    return replace(base, peak_bytes=peak, largest_batch=largest, message=message)
+    return replace(base, peak_bytes=peak, least_bytes=least, largest_batch=largest,
+                   message=message)  # fmt: skip
+
+
+def _tensor(model: Any) -> int:
+    """Twice the bytes of the model's largest variable (0 where they cannot be read)."""
+    import numpy
+
+    def size(v: Any) -> int:
+        return int(math.prod(v.shape)) * int(
+            getattr(v.dtype, "size", None) or numpy.dtype(str(v.dtype)).itemsize
+        )
+
+    try:
+        return 2 * max(map(size, model.weights), default=0)
+    except Exception:
+        return 0
 
 
 def _runs_out(base: FitPrediction, meter: Meter, why: str) -> FitPrediction:
@@ -926,11 +965,12 @@ def fits_predicted(margin: float = 0.9) -> Iterator[None]:
 
     ``%%fresh_model --predict``'s block: the prediction's line is printed before the first
     step; a fit predicted past ``margin`` of the limit raises ``MemoryError`` with that line
-    instead of running. A fit like one the block already predicted to fit (a K-fold loop's
-    next fold: same model class, parameter count and optimizer, batch, data shapes) runs
-    unpredicted and unsaid, and a line said once is not said again (a loop's fits on a backend
-    that cannot be predicted). A generator's first batch is read to probe with and handed back:
-    the fit gets every batch. ``Model.fit`` is wrapped for the block's time only.
+    instead of running (one the probes cannot tell about runs). A fit like one the block
+    already predicted to fit (a K-fold loop's next fold: same model class, parameter count and
+    optimizer, batch, data shapes) runs unpredicted and unsaid, and a line said once is not
+    said again (a loop's fits on a backend that cannot be predicted). A generator's first batch
+    is read to probe with and handed back: the fit gets every batch. ``Model.fit`` is wrapped
+    for the block's time only.
     """
     classes = [getattr(sys.modules.get(name), "Model", None) for name in ("keras", "tf_keras")]
     owned = {c: vars(c).get("fit") for c in classes if isinstance(c, type)}
@@ -982,6 +1022,9 @@ def _predicted_fit(
                 **{name: given[name] for name in names if given.get(name) is not None},
             )  # fmt: skip
             said = prediction.message
+        except KeyboardInterrupt:  # raised here: the probes' frames are not the user's
+            raise KeyboardInterrupt("while kerasmagic predicted this fit: it did not start; "
+                                    "the model is as it was") from None  # fmt: skip
         except Exception as error:
             prediction = None
             said = fill(f"kerasmagic: this fit was not predicted ({type(error).__name__}: "
