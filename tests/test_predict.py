@@ -398,8 +398,19 @@ said = [kerasmagic.predict_fit(model, x, y, batch_size=512, verbose=False) for _
 meter = device_meter()
 meter.reset()
 model.fit(x, y, batch_size=512, verbose=0)
-print("RESULT" + json.dumps({"fits": [p.fits for p in said], "ran": meter.peak(),
-                             "said": [p.message for p in said]}))
+ran = meter.peak()
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+shell = InteractiveShell.instance()
+shell.extension_manager.load_extension("kerasmagic")
+shell.user_ns.update(model=model, np=np)
+with capture_output() as folds:  # a K-fold loop of generator fits, as the user wrote it
+    result = shell.run_cell("%%fresh_model --predict -q\nfits = 0\nfor fold in range(3):\n"
+        "    model.fit(((np.random.rand(512, 512).astype('float32'), np.random.randint(0, 10, 512))"
+        " for _ in range(4)), verbose=0)\n    fits += 1")
+print("RESULT" + json.dumps({"fits": [p.fits for p in said], "ran": ran, "folds": folds.stdout,
+                             "said": [p.message for p in said], "error": repr(result.error_in_exec),
+                             "fitted": shell.user_ns.get("fits")}))
 """
 
 
@@ -409,7 +420,7 @@ def test_a_fit_that_leaves_little_room_is_not_called_too_big() -> None:
     room for batches of 5 to 55 only, where one kernel's gradient held or not moves a step's
     peak by 16.8 MB. Its fit of 512 peaks at 126-144 MB, within 90% of the cap; before the
     median slope and the "cannot tell" band it was predicted at 0.2-8 GB, too big, in 2 of 3
-    predictions."""
+    predictions, and stopped in 9 of 17 kernel cells of generator fits."""
     env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPU_BFC_MEM_LIMIT_IN_MB": "160",
            "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}  # fmt: skip
     run = subprocess.run([sys.executable, "-c", NEAR], env=env, capture_output=True, text=True,
@@ -419,6 +430,10 @@ def test_a_fit_that_leaves_little_room_is_not_called_too_big() -> None:
     out = json.loads(lines[-1][len("RESULT") :])
     assert out["ran"] < 0.9 * 160 * 2**20  # the fit itself fits
     assert False not in out["fits"], out["said"]
+    # In a --predict cell, a loop of three such fits all ran, predicted once: a fit that ran
+    # is known for the rest of the cell, whether or not the probes could tell.
+    assert out["error"] == "None" and out["fitted"] == 3, out
+    assert flat(out["folds"]).count("kerasmagic: fit of batch") == 1, out["folds"]
 
 
 def test_the_largest_batch_named_is_at_most_the_training_samples() -> None:
@@ -790,3 +805,29 @@ def test_a_ctrl_c_while_predicting_stops_the_cell_with_the_model_as_it_was(
     assert not {"predict_fit", "_probe", "_fit_peak"} & set(frames), frames
     assert "h" not in ip.user_ns and [v.numpy().tobytes() for v in model.variables] == before
     assert "fit" not in vars(sys.modules["keras"].Model)
+
+
+def test_a_fit_that_ran_is_not_predicted_again_in_the_cell(
+    ip: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A K-fold loop's folds after one that ran are not predicted again, also where the probes
+    could not tell (they were predicted, and their lines printed, fold after fold)."""
+    from kerasmagic.oom import batch
+
+    calls = []
+
+    def unsure(*args: Any, **kwargs: Any) -> FitPrediction:
+        calls.append(kwargs.get("batch_size"))
+        mb = 2**20
+        return FitPrediction(64, "CPU:0", 200 * mb, 160 * mb, least_bytes=100 * mb,
+                             message="kerasmagic: the probes cannot tell")  # fmt: skip
+
+    monkeypatch.setattr(batch, "predict_fit", unsure)
+    x = np.random.rand(128, 4).astype("float32")
+    ip.user_ns.update(m=_compiled(), x=x, y=x[:, :2])
+    cell = (
+        "fits = 0\nfor fold in range(3):\n    m.fit(x, y, batch_size=64, verbose=0)\n    fits += 1"
+    )
+    result = ip.run_cell(f"%%fresh_model --predict -q\n{cell}")
+    assert result.error_in_exec is None and ip.user_ns["fits"] == 3
+    assert calls == [64], calls

@@ -966,15 +966,15 @@ def fits_predicted(margin: float = 0.9) -> Iterator[None]:
     ``%%fresh_model --predict``'s block: the prediction's line is printed before the first
     step; a fit predicted past ``margin`` of the limit raises ``MemoryError`` with that line
     instead of running (one the probes cannot tell about runs). A fit like one the block
-    already predicted to fit (a K-fold loop's next fold: same model class, parameter count and
-    optimizer, batch, data shapes) runs unpredicted and unsaid, and a line said once is not
-    said again (a loop's fits on a backend that cannot be predicted). A generator's first batch
-    is read to probe with and handed back: the fit gets every batch. ``Model.fit`` is wrapped
-    for the block's time only.
+    predicted and then ran to its end (a K-fold loop's next fold: same model class, parameter
+    count and optimizer, batch, data shapes) runs unpredicted and unsaid, and a line said once
+    is not said again (a loop's fits on a backend that cannot be predicted). A generator's first
+    batch is read to probe with and handed back: the fit gets every batch. ``Model.fit`` is
+    wrapped for the block's time only.
     """
     classes = [getattr(sys.modules.get(name), "Model", None) for name in ("keras", "tf_keras")]
     owned = {c: vars(c).get("fit") for c in classes if isinstance(c, type)}
-    fitted: set[tuple[Any, ...]] = set()  # fits this block predicted to fit
+    fitted: set[tuple[Any, ...]] = set()  # fits this block predicted and ran
     told: set[str] = set()  # lines said: one that cannot predict (JAX's fits) is said once
     for cls in owned:
         setattr(cls, "fit", _predicted_fit(getattr(cls, "fit"), margin, fitted, told))  # noqa: B009, B010
@@ -1036,9 +1036,10 @@ def _predicted_fit(
             told.add(said)
         if prediction is not None and prediction.fits is False:
             raise MemoryError(" ".join(said.split()[1:]) + " Not started.")
-        if key is not None and prediction is not None and prediction.fits:
+        history = fit(*bound.args, **bound.kwargs)
+        if key is not None and prediction is not None:  # it ran: its like runs unpredicted
             fitted.add(key)
-        return fit(*bound.args, **bound.kwargs)
+        return history
 
     return predicted
 
