@@ -803,6 +803,7 @@ def test_a_ctrl_c_while_predicting_stops_the_cell_with_the_model_as_it_was(
         frames.append(tb.tb_frame.f_code.co_name)
         tb = tb.tb_next
     assert not {"predict_fit", "_probe", "_fit_peak"} & set(frames), frames
+    assert error.__context__ is None  # the probes' frames are not kept behind it
     assert "h" not in ip.user_ns and [v.numpy().tobytes() for v in model.variables] == before
     assert "fit" not in vars(sys.modules["keras"].Model)
 

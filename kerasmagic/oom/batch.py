@@ -1015,22 +1015,24 @@ def _predicted_fit(
         key = _fit_key(self, given)
         if key is not None and key in fitted:
             return fit(*bound.args, **bound.kwargs)
-        _predicting = True
+        _predicting, interrupted = True, False
         try:  # a prediction that fails leaves the fit to run as the user wrote it
             prediction = predict_fit(
                 self, given.get("x"), given.get("y"), margin=margin, verbose=False,
                 **{name: given[name] for name in names if given.get(name) is not None},
             )  # fmt: skip
             said = prediction.message
-        except KeyboardInterrupt:  # raised here: the probes' frames are not the user's
-            raise KeyboardInterrupt("while kerasmagic predicted this fit: it did not start; "
-                                    "the model is as it was") from None  # fmt: skip
+        except KeyboardInterrupt:
+            interrupted = True
         except Exception as error:
             prediction = None
             said = fill(f"kerasmagic: this fit was not predicted ({type(error).__name__}: "
                         f"{error}); it runs as written")  # fmt: skip
         finally:
             _predicting = False
+        if interrupted:  # raised out here: the probes' frames (and what they hold) are not kept
+            raise KeyboardInterrupt("while kerasmagic predicted this fit: it did not start; "
+                                    "the model is as it was")  # fmt: skip
         if said not in told:
             print(said)
             told.add(said)
