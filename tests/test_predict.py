@@ -832,3 +832,30 @@ def test_a_fit_that_ran_is_not_predicted_again_in_the_cell(
     result = ip.run_cell(f"%%fresh_model --predict -q\n{cell}")
     assert result.error_in_exec is None and ip.user_ns["fits"] == 3
     assert calls == [64], calls
+
+
+def test_an_empty_or_raising_generator_meets_fit_as_without_predict(
+    ip: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty generator reaches ``fit`` unpredicted and unsaid (it was told "a generator
+    cannot be probed", then Keras's error); one that raises on its first batch shows its own
+    frames, not kerasmagic's (a comprehension's frame in ``oom/batch.py`` showed)."""
+    pytest.importorskip("keras")
+    ip.user_ns["m"] = _compiled()
+    ip.run_cell(
+        "def empty():\n    return\n    yield\ndef bad():\n    raise OSError('disk')\n    yield"
+    )
+    capsys.readouterr()
+    result = ip.run_cell("%%fresh_model --predict -q\nm.fit(empty(), verbose=0)")
+    assert isinstance(result.error_in_exec, ValueError), result.error_in_exec
+    assert "empty generator" in str(result.error_in_exec)
+    assert "kerasmagic" not in capsys.readouterr().out
+    result = ip.run_cell("%%fresh_model --predict -q\nm.fit(bad(), verbose=0)")
+    assert isinstance(result.error_in_exec, OSError), result.error_in_exec
+    frames = []
+    tb = result.error_in_exec.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    shown = [f.f_code.co_filename for f in frames if not f.f_locals.get("__tracebackhide__")]
+    assert not [name for name in shown if "kerasmagic" in name], shown

@@ -1008,8 +1008,11 @@ def _predicted_fit(
         except TypeError:  # Keras says what is wrong with the call
             return fit(self, *args, **kwargs)
         given = bound.arguments  # a generator's first batch read, and given back to fit
-        given.update({name: peeked(given[name]) for name in ("x", "validation_data")
-                      if name in given})  # fmt: skip
+        for name in ("x", "validation_data"):  # a loop: a comprehension's frame would show
+            if name in given:
+                given[name] = peeked(given[name])
+        if isinstance(given.get("x"), types.GeneratorType) and given["x"] not in _FIRST:
+            return fit(*bound.args, **bound.kwargs)  # empty: Keras says so
         names = ("batch_size", "validation_data", "validation_split", "validation_batch_size",
                  "shuffle", "class_weight", "sample_weight", "callbacks")  # fmt: skip
         key = _fit_key(self, given)
