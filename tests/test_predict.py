@@ -841,7 +841,7 @@ def test_an_empty_or_raising_generator_meets_fit_as_without_predict(
     cannot be probed", then Keras's error); one that raises on its first batch shows its own
     frames, not kerasmagic's (a comprehension's frame in ``oom/batch.py`` showed)."""
     pytest.importorskip("keras")
-    ip.user_ns["m"] = _compiled()
+    ip.user_ns.update(m=_compiled(), np=np)
     ip.run_cell(
         "def empty():\n    return\n    yield\ndef bad():\n    raise OSError('disk')\n    yield"
     )
@@ -859,3 +859,11 @@ def test_an_empty_or_raising_generator_meets_fit_as_without_predict(
         tb = tb.tb_next
     shown = [f.f_code.co_filename for f in frames if not f.f_locals.get("__tracebackhide__")]
     assert not [name for name in shown if "kerasmagic" in name], shown
+    # A prediction that fails says why in its line, shortened: not a batch's whole repr.
+    ip.run_cell("def rows():\n    yield np.zeros((8, 4), 'float32')")
+    capsys.readouterr()
+    ip.run_cell("%%fresh_model --predict -q\nm.fit(rows(), verbose=0)")
+    out = capsys.readouterr().out  # the line, then Keras's error
+    said = out[out.index("kerasmagic: ") : out.index("it runs as written")]
+    assert said.startswith("kerasmagic: this fit was not predicted (ValueError: "), said
+    assert "0. 0." not in said and len(said.splitlines()) <= 3, said

@@ -34,6 +34,7 @@ import operator
 import random
 import statistics
 import sys
+import textwrap
 import time
 import types
 import warnings
@@ -1029,8 +1030,8 @@ def _predicted_fit(
             interrupted = True
         except Exception as error:
             prediction = None
-            said = fill(f"kerasmagic: this fit was not predicted ({type(error).__name__}: "
-                        f"{error}); it runs as written")  # fmt: skip
+            why = textwrap.shorten(f"{type(error).__name__}: {error}", 160, placeholder=" ...")
+            said = fill(f"kerasmagic: this fit was not predicted ({why}); it runs as written")
         finally:
             _predicting = False
         if interrupted:  # raised out here: the probes' frames (and what they hold) are not kept
