@@ -370,8 +370,10 @@ class FitPrediction:
     ``probes`` are the (batch, allocator peak) pairs measured; ``largest_batch`` is the largest
     batch whose predicted peak stays within ``margin`` of the limit (at most the training
     samples, where they are known: a batch past them is all of them); ``notes`` say what the
-    prediction cannot see; ``least_bytes`` is the peak if one tensor of the probes' landed in
-    a chunk larger than it needed. ``str()`` is the one line a notebook shows.
+    prediction cannot see; ``least_bytes`` is the peak read with the line's slope less what
+    a weight's tensor or two held by one probe more than another could add to it (past the
+    margin with ``least_bytes`` within it, ``fits`` is None: the probes cannot tell). ``str()``
+    is the one line a notebook shows.
     """
 
     batch_size: int | None
