@@ -565,7 +565,8 @@ def test_after_an_oom_the_size_that_fitted_fits_again(
             # chunks a 16 MB kernel fills without being split, so it counts whole (the test
             # below pins that accounting); the next re-run lays the weights out afresh. As a
             # plain script neither stack keeps anything (54.3 -> 0.0 after the OOM -> 54.3).
-            assert kernel_run(client, recover, timeout_s=180)[0]["status"] == "ok"
+            content, again = kernel_run(client, recover, timeout_s=180)
+            assert content["status"] == "ok", (back, fitted, text, again)
             back = kernel_value(client, in_use)
         assert abs(back - fitted) <= fitted / 10, f"{back} vs {fitted}"
 

@@ -436,7 +436,7 @@ def test_a_fit_that_leaves_little_room_is_not_called_too_big() -> None:
     # In a --predict cell, a loop of three such fits all ran, predicted once: a fit that ran
     # is known for the rest of the cell, whether or not the probes could tell.
     assert out["error"] == "None" and out["fitted"] == 3, out
-    assert flat(out["folds"]).count("kerasmagic: fit of batch") == 1, out["folds"]
+    assert flat(out["folds"]).count("kerasmagic: ") == 1, out["folds"]  # a fit's or no room's
 
 
 def test_the_largest_batch_named_is_at_most_the_training_samples() -> None:
