@@ -573,6 +573,13 @@ def test_bad_arguments_are_one_clear_error() -> None:
         kerasmagic.predict_fit(_compiled(), x, x, batch_size=4, validation_batch_size="8")
     with pytest.raises(ValueError, match="max_batch must be a positive whole number, not 0"):
         kerasmagic.find_batch_size(_compiled(), x, x, max_batch=0)
+    # a dataset of single samples (scalar labels cannot be unbatched): fit fails on it too
+    tf = pytest.importorskip("tensorflow")
+    singles = tf.data.Dataset.from_tensor_slices((x, np.zeros(8, "float32")))
+    with pytest.raises(ValueError, match=r"^x is a tf.data.Dataset of single samples, not b"):
+        kerasmagic.predict_fit(_compiled(), singles)
+    with pytest.raises(ValueError, match=r"^validation_data is a tf.data.Dataset of single"):
+        kerasmagic.predict_fit(_compiled(), x, x, validation_data=singles)
     # the batch predicted is the one fit runs: no more than what validation_split leaves
     from kerasmagic.oom.batch import _fit_inputs
 

@@ -553,7 +553,7 @@ def _fit_inputs(
         train: ProbeArgs = lambda b: {"x": _repeated(_take(first, b))}  # noqa: E731
     elif kind == "dataset":
         notes.append("the tf.data.Dataset is rebatched to probe: buffers that grow are not seen")
-        train = lambda b: {"x": x.unbatch().batch(b)}  # noqa: E731
+        train = _rebatched("x", x)
         batches = int(x.cardinality())  # negative: endless or not known
         samples = batch * batches if batches > 0 else None
     elif kind == "pydataset":
@@ -568,8 +568,8 @@ def _fit_inputs(
         train = lambda b: {"x": x, "y": y, "batch_size": b}  # noqa: E731
     share, given = (validation_batch or batch) / batch, _kind(validation)
     if given == "dataset":
-        valid: ProbeArgs = lambda b: {"validation_data": validation.unbatch().batch(  # noqa: E731
-            max(1, round(b * share)))}  # fmt: skip
+        revalid = _rebatched("validation_data", validation)
+        valid: ProbeArgs = lambda b: revalid(max(1, round(b * share)))  # noqa: E731
     elif given == "generator" and validation in _FIRST:
         valid = lambda b: {"validation_data": _repeated(_take(  # noqa: E731
             _FIRST[validation], max(1, round(b * share))))}  # fmt: skip
@@ -581,6 +581,17 @@ def _fit_inputs(
         valid = lambda b: {"validation_data": validation,  # noqa: E731
                            "validation_batch_size": max(1, round(b * share))}  # fmt: skip
     return batch, samples, lambda b: {**train(b), **valid(b), "validation_steps": 1}, notes
+
+
+def _rebatched(name: str, dataset: Any) -> ProbeArgs:
+    """Return ``b -> {name: dataset}`` in batches of ``b``; a dataset of single samples (with scalar
+    parts, which cannot be unbatched) is refused in one line, as fit would fail on it too."""
+    try:
+        samples = dataset.unbatch()
+    except ValueError as error:
+        raise ValueError(f"{name} is a tf.data.Dataset of single samples, not batches ({error}): "
+                         "fit takes batches, so call .batch(n) on it") from None  # fmt: skip
+    return lambda b: {name: samples.batch(b)}
 
 
 def _kind(data: Any) -> str:
