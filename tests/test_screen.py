@@ -110,6 +110,10 @@ def test_the_line_adds_up_the_cleanup_and_the_cell_to_the_badges_figure() -> Non
     )
     for _, net, cleanup, cell in SPLIT.findall(line):
         assert megabytes(cleanup) + megabytes(cell) == megabytes(net)
+    # each rounded alone, +99.9 MB was "cleanup +1.0 MB, the cell +98.8 MB": in one unit, the
+    # cell's figure is what the two others leave, so they add up as printed
+    rounded = report_text(report(dropped=()), 0, int(1.04 * mb), None, int(99.86 * mb))
+    assert rounded == "RSS +99.9 MB (cleanup +1.0 MB, the cell +98.9 MB)", rounded
     gave = report_text(report(dropped=()), 100 * mb, 99 * mb, None, 99 * mb - 1004 * KB)
     assert gave == "RSS -2.0 MB (cleanup -1.0 MB, the cell -1004.0 KB)", gave
     nothing = FakeRecord(mb, mb, {"tensorflow": 0})
@@ -184,6 +188,8 @@ def test_the_report_line_and_the_cells_record_say_the_same_net(
         splits = dict((what, rest) for what, *rest in SPLIT.findall(line))
         shown, cleanup, cell = (megabytes(f) for f in splits["RSS"])
         assert abs(cleanup + cell - shown) <= 0.1, line  # each figure rounded to 0.1 of its unit
+        if len({f.split()[1] for f in splits["RSS"]}) == 1:  # in one unit: to the printed digit
+            assert round(cleanup + cell - shown, 6) == 0, line
 
 
 def test_gpu_mem_deep_lists_the_models_it_counts_in_the_same_cell(

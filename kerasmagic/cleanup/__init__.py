@@ -225,8 +225,12 @@ def _short(labels: tuple[str, ...]) -> str:
 
 
 def _split(what: str, net: int, cleanup: int) -> str:
-    """``RSS +1.0 MB (cleanup -2.0 MB, the cell +3.0 MB)``: the parts add up to the net."""
-    parts = (signed_bytes(n) for n in (net, cleanup, net - cleanup))
+    """``RSS +1.0 MB (cleanup -2.0 MB, the cell +3.0 MB)``: the parts add up to the net, as
+    printed where the three share a unit (the cell's is what the two others leave)."""
+    parts = [signed_bytes(n) for n in (net, cleanup, net - cleanup)]
+    (total, unit), (part, _) = parts[0].split(), parts[1].split()
+    if {p.split()[1] for p in parts} == {unit} != {"B"}:
+        parts[2] = f"{float(total) - float(part):+.1f} {unit}"
     return "{} {} (cleanup {}, the cell {})".format(what, *parts)
 
 
