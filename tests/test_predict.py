@@ -456,6 +456,11 @@ def test_the_largest_batch_named_is_at_most_the_training_samples() -> None:
     said = _predicted(runs, 512, meter, 0.9, (), 1.0, samples)  # type: ignore[arg-type]
     assert said.fits is True and said.largest_batch == 3072
     assert repr(said).endswith("fits; largest batch 3072)")
+    # fit(batch_size=4096) with validation_split=0.1 runs batches of what the split leaves: the
+    # line said "fit of batch 3686" to a user who asked for 4096
+    whole = _predicted(runs, 3072, meter, 0.9, (), 1.0, samples)  # type: ignore[arg-type]
+    assert whole.message.startswith("kerasmagic: fit of batch 3072 (all its training samples) ")
+    assert "(all its" not in said.message
     # A fit predicted to fit is never named past the largest batch (it was named with 1.5 times
     # the slope and 90% of the margin): "fits; largest batch 369" for a batch of 512 read as a
     # contradiction. Here 420 KB + 0.625 KB a sample * 256 = 580 KB of a 585 KB budget.

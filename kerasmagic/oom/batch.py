@@ -925,7 +925,8 @@ def _predicted(
     notes = (*notes, f"predicted in {seconds:.1f} s")
     said = "; ".join(notes)
     message = fill(
-        f"kerasmagic: fit of batch {batch} will peak at {span} on {meter.device}, "
+        f"kerasmagic: fit of batch {batch}{' (all its training samples)' * (batch == samples)} "
+        f"will peak at {span} on {meter.device}, "
         f"limit {fmt_bytes(meter.limit_bytes)} ({meter.limit_source}): {verdict}. "
         f"{said[:1].upper()}{said[1:]}."
     )
