@@ -905,19 +905,20 @@ def _predicted(
         least = max(least, int(start + lows[large] + flatter * (batch - large)))
         if largest is not None and slope > 0:  # named with the probes' worst case, as they ran
             largest = min(largest, int(large + (budget * NAMED - top) / (GROWTH * slope)))
-    fits = peak <= budget
+    prediction = replace(base, peak_bytes=peak, least_bytes=least)
+    fits = prediction.fits  # None: past the margin, but the least it can be is within it
     if largest is not None and samples:  # a batch past the training samples is all of them
         largest = min(largest, samples)
     if largest is not None and fits:  # named with more margin, but never below one that fits
         largest = max(largest, batch)
     largest = None if largest is None or largest < 1 or largest == 10**9 else largest
-    verdict = "fits" if fits else f"too big for {margin:.0%} of it"
-    span = f"~{fmt_bytes(peak)}"
-    if not fits and least <= budget:
-        span = f"~{fmt_bytes(least)} to {span}"
-        verdict = f"the probes cannot tell whether it fits {margin:.0%} of it: it may run out"
-    elif not fits:
-        verdict += f"; batch {largest} fits" if largest else "; no batch fits: free memory first"
+    span = f"~{fmt_bytes(least)} to " * (fits is None) + f"~{fmt_bytes(peak)}"
+    verdict = {
+        True: "fits",
+        None: f"the probes cannot tell whether it fits {margin:.0%} of it: it may run out",
+        False: f"too big for {margin:.0%} of it; "
+        + (f"batch {largest} fits" if largest else "no batch fits: free memory first"),
+    }[fits]
     if large * SHARES[0] < batch:  # a line this long multiplies the allocator's steps: a
         # 2048-wide MLP read from batch 85-198 of 4096 was named 129 and 528 in two runs; 2020 ran
         notes = (*notes, f"the room let probes reach batch {large} only, so this is rough: "
@@ -930,8 +931,7 @@ def _predicted(
         f"limit {fmt_bytes(meter.limit_bytes)} ({meter.limit_source}): {verdict}. "
         f"{said[:1].upper()}{said[1:]}."
     )
-    return replace(base, peak_bytes=peak, least_bytes=least, largest_batch=largest,
-                   message=message)  # fmt: skip
+    return replace(prediction, largest_batch=largest, message=message)
 
 
 def _tensor(model: Any) -> int:
