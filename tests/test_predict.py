@@ -883,3 +883,40 @@ def test_an_empty_or_raising_generator_meets_fit_as_without_predict(
     said = out[out.index("kerasmagic: ") : out.index("it runs as written")]
     assert said.startswith("kerasmagic: this fit was not predicted (ValueError: "), said
     assert "0. 0." not in said and len(said.splitlines()) <= 3, said
+
+
+FIRST_CELL = r'''
+import sys
+from IPython.core.interactiveshell import InteractiveShell
+
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "kerasmagic")
+assert "keras" not in sys.modules  # kerasmagic imports no Keras of its own
+shell.run_cell("""%%fresh_model --predict -q
+import numpy as np, keras
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+model.compile("adam", "mse")
+h = model.fit(np.zeros((256, 8), "float32"), np.zeros((256, 4), "float32"), batch_size=64,
+              verbose=0)
+""").raise_error()
+import keras
+print("AFTER", "fit" in vars(keras.Model), type(keras.__spec__.loader).__name__,
+      type(keras.__loader__).__name__, sorted({type(f).__name__ for f in sys.meta_path}))
+'''
+
+
+def test_a_keras_first_imported_in_a_predicted_cell_has_its_fits_predicted() -> None:
+    """Run All, or a notebook's first cell: Keras imported in the ``--predict`` cell itself. Its
+    fit ran unpredicted and unsaid (``Model.fit`` was wrapped only where Keras was imported
+    already); now Keras is wrapped as its import ends, and after the cell ``Model.fit``, the
+    import system and Keras's loader are as they were."""
+    pytest.importorskip("keras")
+    env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPP_MIN_LOG_LEVEL": "3",
+           "KERAS_BACKEND": "tensorflow"}  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", FIRST_CELL], env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "kerasmagic: fit of batch 64 will peak at" in flat(run.stdout), run.stdout
+    after = next(line for line in run.stdout.splitlines() if line.startswith("AFTER"))
+    assert after.startswith("AFTER False SourceFileLoader SourceFileLoader"), after
+    assert "_OnImport" not in after, after

@@ -47,6 +47,7 @@ from typing import Any
 from kerasmagic.backends.oom import find_oom
 from kerasmagic.cleanup.loops import Freezer
 from kerasmagic.compat.registry import works
+from kerasmagic.imports import AfterImport
 from kerasmagic.interrupts.held import held_interrupts
 from kerasmagic.units import fill, fmt_bytes
 
@@ -985,18 +986,30 @@ def fits_predicted(margin: float = 0.9) -> Iterator[None]:
     count and optimizer, batch, data shapes) runs unpredicted and unsaid, and a line said once
     is not said again (a loop's fits on a backend that cannot be predicted). A generator's first
     batch is read to probe with and handed back: the fit gets every batch. ``Model.fit`` is
-    wrapped for the block's time only.
+    wrapped for the block's time only; a Keras first imported in the block (a notebook's first
+    cell, Run All) is wrapped as its import ends.
     """
-    classes = [getattr(sys.modules.get(name), "Model", None) for name in ("keras", "tf_keras")]
-    owned = {c: vars(c).get("fit") for c in classes if isinstance(c, type)}
+    owned: dict[type, Any] = {}  # each class wrapped, and its own fit (None: inherited)
     fitted: set[tuple[Any, ...]] = set()  # fits this block predicted and ran
     told: set[str] = set()  # lines said: one that cannot predict (JAX's fits) is said once
-    for cls in owned:
-        setattr(cls, "fit", _predicted_fit(getattr(cls, "fit"), margin, fitted, told))  # noqa: B009, B010
+
+    def wrap(module: Any) -> None:
+        cls = getattr(module, "Model", None)
+        if isinstance(cls, type) and cls not in owned:
+            owned[cls] = vars(cls).get("fit")
+            setattr(cls, "fit", _predicted_fit(getattr(cls, "fit"), margin, fitted, told))  # noqa: B009, B010
+
+    keras = ("keras", "tf_keras")
+    for name in keras:
+        if name in sys.modules:
+            wrap(sys.modules[name])
+    hook = AfterImport(keras, lambda name: wrap(sys.modules[name]), named=True)
+    hook.install()
     try:
         yield
     finally:
         with held_interrupts() as held:  # a Ctrl-C now would leave a class's fit wrapped
+            hook.uninstall()
             for cls, fit in owned.items():
                 if fit is None:
                     delattr(cls, "fit")
