@@ -229,7 +229,8 @@ def _split(what: str, net: int, cleanup: int) -> str:
     printed where the three share a unit (the cell's is what the two others leave)."""
     parts = [signed_bytes(n) for n in (net, cleanup, net - cleanup)]
     (total, unit), (part, _) = parts[0].split(), parts[1].split()
-    if {p.split()[1] for p in parts} == {unit} != {"B"}:
+    one_unit = all(p.endswith(f" {unit}") for p in parts)
+    if one_unit and unit != "B":
         parts[2] = f"{float(total) - float(part):+.1f} {unit}"
     return "{} {} (cleanup {}, the cell {})".format(what, *parts)
 
