@@ -787,17 +787,20 @@ def _probe(
 
 
 def _lifted(phases: Mapping[int, list[Phases]]) -> tuple[int, dict[int, int]]:
-    """Return the most any run began a phase with, and each batch's highest peak as if its run
-    had begun its phases with that most: fit's copy of the arrays is held by one run and not the
+    """Return what is fixed, and each batch's highest peak as if its run had begun each phase
+    with the most any run began it with: fit's copy of the arrays is held by one run and not the
     next, and read as growth, it squeezed the probes of a fit 3x past a 160 MB cap to batch
-    271-607 of 12288, too close to tell whether it fits."""
+    271-607 of 12288, too close to tell whether it fits. What is fixed is the lesser of the two
+    phases' most (of those that ran: a fit without validation has none), so a lifted peak less
+    it is never less than its phase's growth."""
     runs = [(b, p) for b, batch_runs in phases.items() for p in batch_runs]
     train, valid = (max(p[i] for _, p in runs) for i in (3, 4))
     lifted: dict[int, int] = {}
     for b, p in runs:
         peak = max(p[0], p[1] - p[3] + train, p[2] - p[4] + valid)
         lifted[b] = max(lifted.get(b, 0), peak)
-    return max(train, valid), lifted
+    begun = [start for start in (train, valid) if start]  # a phase that did not run reads 0
+    return min(begun, default=0), lifted
 
 
 def _warm(batch: int) -> int:
