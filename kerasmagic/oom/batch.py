@@ -772,9 +772,8 @@ def _probe(
     # twice a tensor's size whole for it.
     for target in (*targets, *targets):
         while True:
-            fixed, lifted = _lifted(phases)
-            probed = {b: peak for b, peak in lifted.items() if b}
-            size = _room({0: max(held, fixed), **(probed or {warm: lifted[0]})}, target, room)
+            probed = {b: max(map(max, runs)) for b, runs in phases.items() if b}
+            size = _room({0: held, **(probed or {warm: max(first)})}, target, room)
             if size is None:
                 return phases, None
             measured = _fit_peak(model, meter, size, args, steps=PROBE_STEPS)
@@ -786,23 +785,6 @@ def _probe(
     return phases, None
 
 
-def _lifted(phases: Mapping[int, list[Phases]]) -> tuple[int, dict[int, int]]:
-    """Return what is fixed, and each batch's highest peak as if its run had begun each phase
-    with the most any run began it with: fit's copy of the arrays is held by one run and not the
-    next, and read as growth, it squeezed the probes of a fit 3x past a 160 MB cap to batch
-    271-607 of 12288, too close to tell whether it fits. What is fixed is the lesser of the two
-    phases' most (of those that ran: a fit without validation has none), so a lifted peak less
-    it is never less than its phase's growth."""
-    runs = [(b, p) for b, batch_runs in phases.items() for p in batch_runs]
-    train, valid = (max(p[i] for _, p in runs) for i in (3, 4))
-    lifted: dict[int, int] = {}
-    for b, p in runs:
-        peak = max(p[0], p[1] - p[3] + train, p[2] - p[4] + valid)
-        lifted[b] = max(lifted.get(b, 0), peak)
-    begun = [start for start in (train, valid) if start]  # a phase that did not run reads 0
-    return min(begun, default=0), lifted
-
-
 def _warm(batch: int) -> int:
     """The batch of the first, one-step run of a prediction."""
     return max(1, batch // 64)
@@ -811,8 +793,7 @@ def _warm(batch: int) -> int:
 def _room(peaks: Mapping[int, int], target: int, room: int) -> int | None:
     """Return the largest batch up to ``target`` whose worst case stays within ``room``.
 
-    ``peaks`` maps each batch measured to its peak, batch 0 to what is fixed (held before any
-    probe, or as a run's phase began).
+    ``peaks`` maps each batch measured to its peak, batch 0 to what was held before any probe.
     The worst case starts at the highest peak measured (one run can land low: its tensors in
     chunks already free) and grows at the steepest slope up to it, from nothing included,
     steeper still: a step's peak jumps by a tensor where the allocator hands it a whole free
@@ -1030,10 +1011,10 @@ def fits_predicted(margin: float = 0.9) -> Iterator[None]:
         with held_interrupts() as held:  # a Ctrl-C now would leave a class's fit wrapped
             hook.uninstall()
             for cls, fit in owned.items():
-                if fit is None:
-                    delattr(cls, "fit")
-                else:
+                if fit is not None:
                     setattr(cls, "fit", fit)  # noqa: B010
+                elif "fit" in vars(cls):  # not yet wrapped where a Ctrl-C cut the wrap short
+                    delattr(cls, "fit")
         held.deliver()
 
 

@@ -161,8 +161,8 @@ _primed: set[str] = set()  # "graph", then "eager" once TensorFlow's runtime is 
 
 def prime_nest_checks() -> None:
     """Have TensorFlow's nest cache its type checks of the leaves every trace meets, while a
-    Ctrl-C is held (before a cell): graph tensors, numpy's and Python's values, and eager
-    tensors once the runtime is up (making one earlier would start it).
+    Ctrl-C is held (before a cell): graph tensors, numpy's and Python's values, dicts, tuples
+    and lists, and eager tensors once the runtime is up (making one earlier would start it).
 
     ``nest.flatten`` (every trace) asks a C++ cache whether a leaf's type is a CompositeTensor;
     the first time per type that runs ``ABCMeta.__instancecheck__`` in Python, and a Ctrl-C
@@ -178,7 +178,10 @@ def prime_nest_checks() -> None:
     leaves: list[Any] = [tf.constant(0.0)] if eager else []
     if "graph" not in _primed:
         numpy = sys.modules.get("numpy")
-        leaves += [0, 0.0, True, "", b"", None] + ([numpy.zeros(1)] if numpy else [])
+        # and the containers a trace flattens: a dict's first check, interrupted, failed every
+        # later fit with "'dict' object has no attribute '_type_spec'" (seen once in CI)
+        leaves += [0, 0.0, True, "", b"", None, {"": 0}, (0,)]
+        leaves += [numpy.zeros(1)] if numpy else []
         with tf.Graph().as_default():
             leaves.append(tf.constant(0.0))
     tf.nest.flatten(leaves, expand_composites=True)
